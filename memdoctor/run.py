@@ -1,0 +1,242 @@
+"""The Run: everything a trace recorded, in one typed structure that saves to a versioned,
+gzip-compressed JSON file (never a pickle) and loads back losslessly.
+
+Events are kept columnar (three parallel int lists) because a long run has millions of
+them; blocks (one per storage) carry who owns the memory; marks say when the phase, the
+step or the module changed.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+import zlib
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Iterator
+
+FORMAT = "memdoctor.run"
+VERSION = 1
+
+
+class Category(str, Enum):
+    WEIGHTS = "weights"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+    INPUTS = "inputs"
+    OTHER = "other"
+
+
+CATEGORIES = [c.value for c in Category]
+# When one storage plays several roles, the more durable role names it.
+_PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}
+
+
+def stronger(a: str, b: str) -> str:
+    """The category that wins when a storage is seen in both roles."""
+    return a if _PRIORITY[a] <= _PRIORITY[b] else b
+
+
+class Phase(str, Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    FORWARD_NO_BACKWARD = "forward-without-backward"
+    OTHER = "other"
+
+
+class Action:
+    ALLOC = 0
+    FREE = 1
+    OOM = 2
+
+
+@dataclass
+class Block:
+    """One storage: the unit memory is allocated and freed in."""
+    id: int
+    nbytes: int
+    category: str = Category.OTHER.value
+    name: str = ""
+    shape: list[int] = field(default_factory=list)
+    dtype: str = ""
+    device: str = ""
+    module: str | None = None
+    phase: str = Phase.OTHER.value
+    step: int = 0
+    alloc_seq: int = 0
+    free_seq: int | None = None
+    address: int | None = None
+
+
+@dataclass
+class Mark:
+    """From event index `seq` on, the run is in `phase` of `step` (module: the outermost
+    module running, if any)."""
+    seq: int
+    phase: str
+    step: int
+    module: str | None = None
+    time: float = 0.0
+
+
+@dataclass
+class OOM:
+    """An out-of-memory event: real (CUDA) or simulated (a budget under the dispatch source)."""
+    seq: int
+    requested_bytes: int | None
+    message: str
+    phase: str = Phase.OTHER.value
+    step: int = 0
+    module: str | None = None
+    simulated: bool = False
+    live_bytes: int | None = None
+
+
+@dataclass
+class Sample:
+    """Allocator counters read at an instant (CUDA runs only)."""
+    seq: int
+    allocated: int
+    reserved: int
+
+
+@dataclass
+class Run:
+    source: str = "dispatch"
+    device: dict[str, Any] = field(default_factory=dict)
+    budget_bytes: int | None = None
+    script: str | None = None
+    argv: list[str] = field(default_factory=list)
+    torch_version: str = ""
+    actions: list[int] = field(default_factory=list)
+    event_blocks: list[int] = field(default_factory=list)
+    event_bytes: list[int] = field(default_factory=list)
+    blocks: dict[int, Block] = field(default_factory=dict)
+    marks: list[Mark] = field(default_factory=list)
+    ooms: list[OOM] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_events(self) -> int:
+        return len(self.actions)
+
+    @property
+    def steps(self) -> int:
+        return max((m.step for m in self.marks), default=0) + 1 if self.marks else 0
+
+    def events(self) -> Iterator[tuple[int, int, int, int]]:
+        """(seq, action, block id, bytes) in order."""
+        for seq, (a, b, n) in enumerate(zip(self.actions, self.event_blocks, self.event_bytes)):
+            yield seq, a, b, n
+
+    def mark_at(self, seq: int) -> Mark | None:
+        """The mark in force at event index seq."""
+        lo, hi, found = 0, len(self.marks) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if self.marks[mid].seq <= seq:
+                found, lo = self.marks[mid], mid + 1
+            else:
+                hi = mid - 1
+        return found
+
+    # ---- persistence -------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        blocks = list(self.blocks.values())
+        columns = {name: [getattr(b, name) for b in blocks] for name in Block.__dataclass_fields__}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "source": self.source,
+            "device": self.device,
+            "budget_bytes": self.budget_bytes,
+            "script": self.script,
+            "argv": self.argv,
+            "torch_version": self.torch_version,
+            "events": {"action": self.actions, "block": self.event_blocks, "bytes": self.event_bytes},
+            "blocks": columns,
+            "marks": [asdict(m) for m in self.marks],
+            "ooms": [asdict(o) for o in self.ooms],
+            "samples": [asdict(s) for s in self.samples],
+            "segments": self.segments,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Run":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise RunFileError("not a memdoctor run file")
+        if data.get("version") != VERSION:
+            raise RunFileError(f"run file version {data.get('version')!r} is not supported (expected {VERSION})")
+        try:
+            ev = data["events"]
+            cols = data["blocks"]
+            names = list(Block.__dataclass_fields__)
+            count = len(cols["id"])
+            if any(len(cols[n]) != count for n in names):
+                raise RunFileError("run file is damaged: block columns differ in length")
+            blocks = {}
+            for i in range(count):
+                b = Block(**{n: cols[n][i] for n in names})
+                blocks[b.id] = b
+            run = cls(
+                source=data["source"], device=data["device"], budget_bytes=data["budget_bytes"],
+                script=data["script"], argv=data["argv"], torch_version=data["torch_version"],
+                actions=ev["action"], event_blocks=ev["block"], event_bytes=ev["bytes"], blocks=blocks,
+                marks=[Mark(**m) for m in data["marks"]], ooms=[OOM(**o) for o in data["ooms"]],
+                samples=[Sample(**s) for s in data["samples"]], segments=data["segments"],
+                meta=data["meta"],
+            )
+        except RunFileError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RunFileError(f"run file is damaged: {type(exc).__name__}: {exc}") from None
+        if not (len(run.actions) == len(run.event_blocks) == len(run.event_bytes)):
+            raise RunFileError("run file is damaged: event columns differ in length")
+        return run
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically: a crash mid-write never leaves a half file under `path`."""
+        write_atomic(path, gzip.compress(json.dumps(self.to_dict(), separators=(",", ":")).encode(), 6))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Run":
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise RunFileError(f"cannot read run file {os.fspath(path)!r}: {exc.strerror or exc}") from None
+        try:
+            text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+            data = json.loads(text)
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError) as exc:
+            raise RunFileError(f"{os.fspath(path)!r} is not a readable run file ({type(exc).__name__})") from None
+        return cls.from_dict(data)
+
+
+class RunFileError(Exception):
+    """A run file that cannot be read; the message is one line for the user."""
+
+
+def write_atomic(path: str | os.PathLike, payload: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename it over."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".memdoctor-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
