@@ -31,8 +31,10 @@ class Category(str, Enum):
 
 
 CATEGORIES = [c.value for c in Category]
-# When one storage plays several roles, the more durable role names it.
-_PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}
+# When one storage plays several roles, the more durable role names it: a parameter saved
+# for backward stays a weight, a batch saved for backward stays an input.
+_PRIORITY = {c: i for i, c in enumerate(
+    ["weights", "gradients", "optimizer_state", "inputs", "activations", "temporaries", "other"])}
 
 
 def stronger(a: str, b: str) -> str:

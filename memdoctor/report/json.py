@@ -1,0 +1,36 @@
+"""The `--json` contract: versioned, stable keys, bytes as integers."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from ..attribution import Breakdown
+from ..run import Run
+
+JSON_VERSION = 1
+
+
+def oom_dict(oom) -> dict[str, Any]:
+    return {k: v for k, v in asdict(oom).items() if k != "seq"}
+
+
+def trace_json(run: Run, peak: Breakdown) -> dict[str, Any]:
+    return {
+        "version": JSON_VERSION,
+        "oom": bool(run.ooms),
+        "ooms": [oom_dict(o) for o in run.ooms],
+        "peak_bytes": peak.total_bytes,
+        "budget_bytes": run.budget_bytes,
+        "breakdown": peak.by_category,
+        "by_module": peak.by_module,
+        "top_tensors": [t.__dict__ for t in peak.top],
+        "phase_at_peak": peak.phase,
+        "step_at_peak": peak.step,
+        "source": run.source,
+        "device": run.device.get("type"),
+    }
+
+
+def dumps(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, indent=2, default=str)

@@ -1,0 +1,56 @@
+"""Terminal output with rich: the breakdown table and the findings."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from ..attribution import Breakdown
+from ..run import Run
+from ..units import format_bytes
+
+
+def breakdown_table(b: Breakdown, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("category")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    total = b.total_bytes or 1
+    for cat, n in b.by_category.items():
+        if n:
+            table.add_row(cat, format_bytes(n), f"{100 * n / total:.1f}%")
+    table.add_row("[bold]total[/bold]", f"[bold]{format_bytes(b.total_bytes)}[/bold]", "")
+    return table
+
+
+def top_table(b: Breakdown, limit: int = 8) -> Table:
+    table = Table(title="largest tensors alive", title_justify="left")
+    for col in ("tensor", "category", "bytes", "shape", "dtype", "module", "phase", "step"):
+        table.add_column(col, justify="right" if col in ("bytes", "step") else "left")
+    for t in b.top[:limit]:
+        table.add_row(t.name or "?", t.category, format_bytes(t.nbytes), "x".join(map(str, t.shape)) or "()",
+                      t.dtype, t.module or "-", t.phase, str(t.step))
+    return table
+
+
+def module_table(b: Breakdown, limit: int = 8) -> Table:
+    table = Table(title="by module", title_justify="left")
+    table.add_column("module")
+    table.add_column("bytes", justify="right")
+    for name, n in list(b.by_module.items())[:limit]:
+        table.add_row(name, format_bytes(n))
+    return table
+
+
+def print_trace(run: Run, peak: Breakdown, console: Console | None = None) -> None:
+    console = console or Console()
+    budget = f" (budget {format_bytes(run.budget_bytes)})" if run.budget_bytes else ""
+    if run.ooms:
+        o = run.ooms[0]
+        kind = "simulated " if o.simulated else ""
+        console.print(f"[bold red]{kind}out of memory[/bold red] in {o.phase} of step {o.step}"
+                      f"{' in ' + o.module if o.module else ''}: tried to allocate "
+                      f"{format_bytes(o.requested_bytes)} with {format_bytes(o.live_bytes)} live{budget}")
+    console.print(f"peak {format_bytes(peak.total_bytes)} in {peak.phase} of step {peak.step}{budget}")
+    console.print(breakdown_table(peak, "memory at the peak"))
+    console.print(module_table(peak))
+    console.print(top_table(peak))

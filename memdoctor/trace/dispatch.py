@@ -1,0 +1,56 @@
+"""The dispatch source: a TorchDispatchMode that sees every op's outputs on any device
+(cpu, cuda, meta, FakeTensorMode) and hands each new storage to the Recorder once.
+
+The hot path does one dict lookup per output tensor; everything else (names, phases) is
+cached or read from the Recorder's current state.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ..run import Category, Phase
+from .recorder import Recorder, log
+
+_in_backward = torch._C._current_graph_task_id
+_TEMP = Category.TEMPORARIES.value
+_BACKWARD = Phase.BACKWARD.value
+
+
+class DispatchSource(TorchDispatchMode):
+    def __init__(self, recorder: Recorder):
+        super().__init__()
+        self.recorder = recorder
+        self._names: dict = {}
+        self.broken = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.broken:
+            return out
+        try:
+            self._record(func, out)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:        # memdoctor's failure must not break training
+            self.broken = True
+            log.warning("memdoctor: dispatch tracing stopped after an internal error: %s", exc)
+        return out
+
+    def _record(self, func, out) -> None:
+        rec = self.recorder
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = f"aten.{func.overloadpacket.__name__}"
+        if _in_backward() != -1:
+            if rec.phase != _BACKWARD:
+                rec.mark(_BACKWARD)
+        elif rec.phase == _BACKWARD:
+            rec.mark(rec.outer_phase())
+        if isinstance(out, torch.Tensor):
+            rec.add(out, name, _TEMP)
+            return
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                rec.add(t, name, _TEMP)

@@ -1,0 +1,144 @@
+"""The Recorder: the state a trace builds up, turned into a Run at the end.
+
+Both sources feed it: the dispatch mode reports storages as ops create them, the hooks
+report who owns a storage (parameter, gradient, optimizer state, saved for backward,
+input) and where the run is (phase, step, module). Every storage is one Block, counted
+once, freed when its last tensor dies (a weakref callback on the storage object, which
+PyTorch keeps alive exactly as long as the storage itself).
+"""
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import Any, Callable
+
+from ..run import OOM, Action, Block, Category, Mark, Phase, Run, stronger
+
+log = logging.getLogger("memdoctor")
+
+
+class Recorder:
+    def __init__(self, run: Run):
+        self.run = run
+        self.active = True
+        self.live: dict[int, tuple[Block, Any]] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.peak_seq = 0
+        self.phase = Phase.OTHER.value
+        self.step = 0
+        self.module: str | None = None
+        self.forward_depth = 0
+        self.in_optimizer = False
+        self.budget: Callable[[int, int], None] | None = None
+        self._t0 = time.perf_counter()
+        self._next_id = 0
+        self._dtype_names: dict[Any, str] = {}
+        self.mark()
+
+    # ---- where the run is ---------------------------------------------------------
+    def mark(self, phase: str | None = None, module: str | None = None) -> None:
+        """Note that from the next event on the run is in `phase` (and `module`)."""
+        if phase is not None:
+            self.phase = phase
+        self.module = module
+        marks = self.run.marks
+        seq = len(self.run.actions)
+        m = Mark(seq, self.phase, self.step, module, round(time.perf_counter() - self._t0, 6))
+        if marks and marks[-1].seq == seq:
+            marks[-1] = m
+        else:
+            marks.append(m)
+
+    def outer_phase(self) -> str:
+        """The phase the hooks say we are in, outside the autograd engine."""
+        if self.in_optimizer:
+            return Phase.OPTIMIZER.value
+        return Phase.FORWARD.value if self.forward_depth else Phase.OTHER.value
+
+    # ---- storages ------------------------------------------------------------------
+    def storage_key(self, tensor) -> tuple[Any, int] | None:
+        try:
+            storage = tensor.untyped_storage()
+        except Exception:       # sparse, nested, or wrapper tensors with no storage
+            return None
+        return storage, storage._cdata
+
+    def add(self, tensor, name: str, category: str, phase: str | None = None) -> Block | None:
+        """Count `tensor`'s storage if it is new; returns its Block either way."""
+        got = self.storage_key(tensor)
+        if got is None:
+            return None
+        storage, key = got
+        entry = self.live.get(key)
+        if entry is not None:
+            block = entry[0]
+            block.category = stronger(category, block.category)
+            return block
+        nbytes = storage.nbytes()
+        if self.budget is not None:
+            self.budget(nbytes, self.live_bytes)
+        return self._alloc(storage, key, nbytes, tensor, name, category, phase)
+
+    def _alloc(self, storage, key, nbytes, tensor, name, category, phase) -> Block:
+        run = self.run
+        seq = len(run.actions)
+        dtype = tensor.dtype
+        dname = self._dtype_names.get(dtype)
+        if dname is None:
+            dname = self._dtype_names[dtype] = str(dtype).replace("torch.", "")
+        block = Block(self._next_id, nbytes, category, name, list(tensor.shape), dname,
+                      str(tensor.device), self.module, phase or self.phase, self.step, seq)
+        self._next_id += 1
+        run.blocks[block.id] = block
+        run.actions.append(Action.ALLOC)
+        run.event_blocks.append(block.id)
+        run.event_bytes.append(nbytes)
+        self.live[key] = (block, weakref.ref(storage, self._freed_callback(key)))
+        self.live_bytes += nbytes
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+            self.peak_seq = seq
+        return block
+
+    def _freed_callback(self, key: int):
+        def freed(_ref, key=key, recorder=self):
+            recorder.free(key)
+        return freed
+
+    def free(self, key: int) -> None:
+        if not self.active:
+            return
+        entry = self.live.pop(key, None)
+        if entry is None:
+            return
+        block = entry[0]
+        run = self.run
+        block.free_seq = len(run.actions)
+        run.actions.append(Action.FREE)
+        run.event_blocks.append(block.id)
+        run.event_bytes.append(block.nbytes)
+        self.live_bytes -= block.nbytes
+
+    def claim(self, tensor, category: str, name: str | None = None) -> None:
+        """Say who owns an existing tensor's storage (counting it first if it is new)."""
+        block = self.add(tensor, name or "", category)
+        if block is not None and name and block.category == category:
+            block.name = name
+
+    def record_oom(self, requested: int | None, message: str, simulated: bool) -> OOM:
+        oom = OOM(len(self.run.actions), requested, message, self.phase, self.step, self.module,
+                  simulated, self.live_bytes)
+        self.run.actions.append(Action.OOM)
+        self.run.event_blocks.append(-1)
+        self.run.event_bytes.append(requested or 0)
+        self.run.ooms.append(oom)
+        return oom
+
+    def close(self) -> Run:
+        """Stop listening for frees; what is still alive stays alive in the Run."""
+        self.active = False
+        self.live.clear()
+        self.mark()
+        return self.run
