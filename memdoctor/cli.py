@@ -36,11 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("trace", help="run a script under the tracer and show its memory at the peak")
     _script_args(p)
     p.add_argument("-o", "--output", metavar="RUN", help="where to save the run (default: STEM.memrun.json.gz)")
+    p = sub.add_parser("diagnose", help="name the cause of an OOM: from a script, a log, a snapshot or a run")
+    _script_args(p, optional=True)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--log", metavar="FILE", help="a log or pasted error text holding OOM messages")
+    src.add_argument("--snapshot", metavar="FILE", help="a torch.cuda.memory._dump_snapshot() file (read safely)")
+    src.add_argument("--run", metavar="FILE", help="a saved *.memrun.json.gz run")
+    p.add_argument("-o", "--output", metavar="RUN", help="also save the traced run here")
+    p.add_argument("--report", metavar="HTML", help="also write an HTML report here")
+
+    p = sub.add_parser("explain", help="what a rule detects, why it runs out of memory, and the fix")
+    p.add_argument("rule", nargs="?", help="a rule id; without one, list them")
     return parser
 
 
-def _script_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("script", help="the training script, run as `python SCRIPT ARGS`")
+def _script_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    p.add_argument("script", nargs="?" if optional else None, help="the training script, run as `python SCRIPT ARGS`")
     p.add_argument("--budget", type=_size, metavar="SIZE", help="memory budget, e.g. 16GiB or 224MiB")
     p.add_argument("--source", choices=("auto", "dispatch", "allocator"), default="auto",
                    help="allocator (CUDA caching allocator) or dispatch (any device); auto picks")
@@ -100,7 +111,96 @@ def _exit_for(result) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"trace": cmd_trace}
+def cmd_diagnose(ns) -> int:
+    given = [x for x in (ns.script, ns.log, ns.snapshot, ns.run) if x]
+    if len(given) != 1:
+        raise UsageError("give exactly one of: SCRIPT, --log FILE, --snapshot FILE, --run FILE")
+    if ns.log:
+        return _diagnose_log(ns)
+    from .report.json import diagnosis_json, dumps
+    from .rules import diagnose, facts_from_run
+    if ns.script:
+        _check_script(ns.script)
+        result = _traced(ns)
+        run, code = result.run, _exit_for(result)
+        if ns.output:
+            run.save(ns.output)
+    elif ns.snapshot:
+        from .cuda.snapshot import SnapshotError, load_snapshot, snapshot_to_run
+        try:
+            run = snapshot_to_run(load_snapshot(ns.snapshot))
+        except SnapshotError as exc:
+            raise UsageError(str(exc)) from None
+        code = EXIT_OOM if run.ooms else EXIT_OK
+    else:
+        from .run import Run
+        run = Run.load(ns.run)
+        code = EXIT_OOM if run.ooms else EXIT_OK
+    facts = facts_from_run(run)
+    findings = diagnose(facts)
+    if ns.report:
+        _write_report(run, findings, facts, ns.report)
+    if ns.json:
+        print(dumps(diagnosis_json(findings, facts, run)))
+    else:
+        from .report.text import print_diagnosis
+        print_diagnosis(findings, facts)
+    return code
+
+
+def _write_report(run, findings, facts, path: str) -> None:
+    try:
+        from .report.html import write_report
+    except ImportError as exc:
+        print(f"memdoctor: no HTML report: {exc}", file=sys.stderr)
+        return
+    write_report(path, run, findings=findings, facts=facts)
+
+
+def _diagnose_log(ns) -> int:
+    from .oomlog import LogError, scan_file
+    from .report.json import diagnosis_json, dumps
+    from .rules import diagnose, facts_from_oom
+    try:
+        found = scan_file(ns.log)
+    except LogError as exc:
+        raise UsageError(str(exc)) from None
+    if not found:
+        if ns.json:
+            print(dumps({"version": 1, "oom": False, "ooms": [], "findings": []}))
+        else:
+            print(f"no out-of-memory message found in {ns.log}")
+        return EXIT_OK
+    per_oom = [(oom, diagnose(facts_from_oom(oom))) for oom in found]
+    first, findings = per_oom[0]
+    facts = facts_from_oom(first)
+    ooms = [{**oom.expected(), "line": oom.line,
+             "rule": fs[0].rule if fs else None} for oom, fs in per_oom]
+    if ns.json:
+        print(dumps(diagnosis_json(findings, facts, None, ooms)))
+    else:
+        from .report.text import diagnosis_lines
+        print(f"{len(found)} out-of-memory message{'s' if len(found) > 1 else ''} in {ns.log}; "
+              f"the first, at line {first.line}:")
+        for line in diagnosis_lines(findings, facts):
+            print(line)
+    return EXIT_OOM
+
+
+def cmd_explain(ns) -> int:
+    from .rules.registry import all_ids, explain
+    if not ns.rule:
+        for rule_id in all_ids():
+            print(rule_id)
+        return EXIT_OK
+    try:
+        print(explain(ns.rule))
+    except KeyError:
+        raise UsageError(f"no rule {ns.rule!r}; `memdoctor explain` lists them") from None
+    return EXIT_OK
+
+
+COMMANDS = {"trace": cmd_trace, "diagnose": cmd_diagnose, "explain": cmd_explain}
 
 
 def main(argv: list[str] | None = None) -> int:

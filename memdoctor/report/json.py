@@ -34,3 +34,21 @@ def trace_json(run: Run, peak: Breakdown) -> dict[str, Any]:
 
 def dumps(payload: dict[str, Any]) -> str:
     return json.dumps(payload, indent=2, default=str)
+
+
+def diagnosis_json(findings, facts, run: Run | None = None, ooms: list | None = None) -> dict[str, Any]:
+    """The DESIGN contract: version, oom, ooms, peak_bytes, budget_bytes, breakdown, findings."""
+    focus = facts.focus
+    if ooms is None:
+        ooms = [oom_dict(o) for o in run.ooms] if run is not None else []
+    return {
+        "version": JSON_VERSION,
+        "oom": facts.oom,
+        "ooms": ooms,
+        "peak_bytes": facts.peak_bytes if run is not None else None,
+        "budget_bytes": facts.budget_bytes,
+        "limit_bytes": facts.limit_bytes,
+        "breakdown": focus.by_category if focus is not None else None,
+        "breakdown_at": ("oom" if facts.oom else "peak") if focus is not None else None,
+        "findings": [f.to_dict() for f in findings],
+    }

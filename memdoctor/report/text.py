@@ -54,3 +54,46 @@ def print_trace(run: Run, peak: Breakdown, console: Console | None = None) -> No
     console.print(breakdown_table(peak, "memory at the peak"))
     console.print(module_table(peak))
     console.print(top_table(peak))
+
+
+def headline(findings, facts) -> str:
+    """The first line a person reads: the cause and what it costs."""
+    if not findings:
+        if facts.oom:
+            return "out of memory, but no rule names a cause: see the breakdown below"
+        return f"no memory problem found: peak {format_bytes(facts.peak_bytes)}" + (
+            f" within the {format_bytes(facts.limit_bytes)} limit" if facts.limit_bytes else "")
+    top = findings[0]
+    return f"{top.rule}: {top.title}"
+
+
+def diagnosis_lines(findings, facts) -> list[str]:
+    """The diagnosis as plain lines: headline, evidence, remedies, other findings."""
+    lines = [headline(findings, facts)]
+    if not findings:
+        return lines
+    top = findings[0]
+    lines += [f"  - {e}" for e in top.evidence]
+    if top.remedies:
+        lines.append("  fixes (predicted peak):")
+        for r in top.remedies:
+            fits = "" if facts.limit_bytes is None or r.predicted_peak_bytes is None else (
+                " fits" if r.predicted_peak_bytes <= facts.limit_bytes else " does not fit")
+            lines.append(f"    * {r.title}: {r.how} -> {format_bytes(r.predicted_peak_bytes)}{fits}")
+    for other in findings[1:]:
+        lines.append(f"also: {other.rule}: {other.title}")
+    return lines
+
+
+def print_diagnosis(findings, facts, console: Console | None = None) -> None:
+    console = console or Console()
+    lines = diagnosis_lines(findings, facts)
+    style = "bold red" if facts.oom else "bold"
+    console.print(f"[{style}]{lines[0]}[/{style}]", highlight=False, soft_wrap=True)
+    for line in lines[1:]:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    focus = facts.focus
+    if focus is not None:
+        where = "at the OOM" if facts.oom else "at the peak"
+        console.print(breakdown_table(focus, f"memory {where} ({focus.phase}, step {focus.step})"))
+        console.print(top_table(focus))

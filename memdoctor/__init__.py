@@ -1,0 +1,30 @@
+"""memdoctor: why PyTorch training runs out of GPU memory, in bytes, and the fix.
+
+The public API is imported lazily so that `memdoctor --help` never imports torch.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = ["watch", "Tracer", "Run", "diagnose", "Plan", "prepare", "estimate"]
+
+
+def __getattr__(name: str):
+    if name == "watch":
+        from .watch import watch
+        return watch
+    if name == "Tracer":
+        from .trace.session import Tracer
+        return Tracer
+    if name == "Run":
+        from .run import Run
+        return Run
+    if name == "diagnose":
+        from .rules import diagnose
+        return diagnose
+    if name in ("Plan", "prepare"):
+        from . import remedies
+        return getattr(remedies, name)
+    if name == "estimate":
+        from .estimate import estimate
+        return estimate
+    raise AttributeError(f"module 'memdoctor' has no attribute {name!r}")

@@ -1,0 +1,51 @@
+"""What a rule returns: a Finding with its evidence in numbers and the remedies for it."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# Tiers, first fixed first: a specific cause with a free fix that alone makes the run fit;
+# a specific part of a structural cause; the structural causes; specific causes whose fix
+# alone would not make the run fit.
+FREE_FIX, SPECIFIC_PART, STRUCTURAL, PARTIAL = 0, 1, 2, 3
+
+
+@dataclass
+class Remedy:
+    """One way out. `plan` is a memdoctor.remedies Plan string where memdoctor can apply
+    it (`bf16,ckpt=full`), None for a change the user makes in their own code."""
+    title: str
+    how: str
+    predicted_peak_bytes: int | None = None
+    plan: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Finding:
+    rule: str
+    title: str
+    accounts_for_bytes: int
+    evidence: list[str] = field(default_factory=list)
+    remedies: list[Remedy] = field(default_factory=list)
+    tier: int = STRUCTURAL
+    fits_after_fix: bool | None = None
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"rule": self.rule, "title": self.title, "accounts_for_bytes": int(self.accounts_for_bytes),
+                "evidence": self.evidence, "remedies": [r.to_dict() for r in self.remedies],
+                "fits_after_fix": self.fits_after_fix, "details": self.details}
+
+
+def fits(facts, predicted_peak: int | None) -> bool | None:
+    if predicted_peak is None or not facts.limit_bytes:
+        return None
+    return predicted_peak <= facts.limit_bytes
+
+
+def free_fix_tier(facts, predicted_peak: int | None) -> int:
+    """FREE_FIX when removing the cause alone makes the run fit (or nothing says otherwise)."""
+    ok = fits(facts, predicted_peak)
+    return FREE_FIX if ok in (True, None) else PARTIAL

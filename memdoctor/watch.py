@@ -1,0 +1,84 @@
+"""`memdoctor.watch`: the context manager for training scripts.
+
+    with memdoctor.watch(model, optimizer, budget="16GiB", report="oom.html") as doc:
+        train()
+
+On an OOM inside it: diagnose, write the report atomically, and re-raise the original
+error with the diagnosis added as a note. A failure of memdoctor's own never reaches the
+training loop: it is logged and the loop runs on untraced.
+"""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("memdoctor")
+
+
+class watch:
+    def __init__(self, model=None, optimizer=None, budget=None, report=None, source: str = "auto"):
+        self.model, self.optimizer = model, optimizer
+        self.budget, self.report, self.source = budget, report, source
+        self.tracer = None
+        self.run = None
+        self.facts = None
+        self.findings: list = []
+        self.diagnosis: str | None = None
+
+    def __enter__(self) -> "watch":
+        try:
+            from .trace.session import Tracer
+            models = self.model if isinstance(self.model, (list, tuple)) else [self.model]
+            optims = self.optimizer if isinstance(self.optimizer, (list, tuple)) else [self.optimizer]
+            self.tracer = Tracer(models, optims, budget=self.budget, source=self.source)
+            self.tracer.__enter__()
+        except Exception as exc:
+            log.warning("memdoctor: not tracing, could not start: %s", exc)
+            self.tracer = None
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.tracer is None:
+            return False
+        try:
+            self.tracer.__exit__(exc_type, exc, tb)
+            self.run = self.tracer.run
+            self._diagnose()
+            if self.report:
+                self._write_report()
+            if exc is not None and _is_oom(exc) and self.diagnosis:
+                _add_note(exc, self.diagnosis)
+        except Exception as err:
+            log.warning("memdoctor: diagnosis failed: %r", err)
+        return False
+
+    def _diagnose(self) -> None:
+        from .report.text import diagnosis_lines
+        from .rules import diagnose, facts_from_run
+        self.facts = facts_from_run(self.run)
+        self.findings = diagnose(self.facts)
+        self.diagnosis = "memdoctor: " + "\n".join(diagnosis_lines(self.findings, self.facts))
+
+    def _write_report(self) -> None:
+        path = str(self.report)
+        if path.endswith(".html"):
+            from .report.html import write_report
+            write_report(path, self.run, findings=self.findings, facts=self.facts)
+        elif path.endswith(".json"):
+            from .report.json import diagnosis_json, dumps
+            from .run import write_atomic
+            write_atomic(path, dumps(diagnosis_json(self.findings, self.facts, self.run)).encode())
+        else:
+            self.run.save(path)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    try:
+        import torch
+        return isinstance(exc, torch.OutOfMemoryError)
+    except Exception:
+        return "out of memory" in str(exc).lower()
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
