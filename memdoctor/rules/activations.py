@@ -26,7 +26,7 @@ SHARE = 0.35
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run":
+    if not f.under_pressure or f.source != "run":
         return None
     acts = f.step_activations
     if f.oom and f.oom_phase == "forward":

@@ -24,7 +24,7 @@ SHARE = 0.3
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run":
+    if not f.under_pressure or f.source != "run":
         return None
     inputs = [b for b in f.focus_blocks if b.category == "inputs"]
     held = sum(b.nbytes for b in inputs)

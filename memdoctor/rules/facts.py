@@ -16,7 +16,8 @@ W, G, S = Category.WEIGHTS.value, Category.GRADIENTS.value, Category.OPTIMIZER_S
 ACT, TMP, INP = Category.ACTIVATIONS.value, Category.TEMPORARIES.value, Category.INPUTS.value
 STATE_PER_PARAM_BYTE = {"Adam": 2.0, "AdamW": 2.0, "NAdam": 2.0, "RAdam": 2.0, "Adamax": 2.0,
                         "Adagrad": 1.0, "RMSprop": 1.0, "Adadelta": 2.0, "Adafactor": 0.1}
-VOCAB_MIN = 8192    # a last dimension this large on a projection's output is a vocabulary
+VOCAB_MIN = 8192
+PRESSURE = 0.8    # a last dimension this large on a projection's output is a vocabulary
 
 
 @dataclass
@@ -60,6 +61,14 @@ class Facts:
 
     def cat(self, name: str) -> int:
         return self.focus.by_category.get(name, 0) if self.focus else 0
+
+    @property
+    def under_pressure(self) -> bool:
+        """An OOM, or a peak within 20% of the limit: when a run fits with room to spare,
+        how it spends memory is no finding."""
+        if self.oom:
+            return True
+        return bool(self.limit_bytes) and self.focus_bytes >= PRESSURE * self.limit_bytes
 
     @property
     def model_state_bytes(self) -> int:

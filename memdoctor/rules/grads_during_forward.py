@@ -23,7 +23,7 @@ ID = "grads-during-forward"
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run":
+    if not f.under_pressure or f.source != "run":
         return None
     grads = f.grads_in_forward
     live = f.focus_bytes

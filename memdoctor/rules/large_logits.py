@@ -27,7 +27,7 @@ CHUNKS = 8
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run" or not f.logits or not f.vocab:
+    if not f.under_pressure or f.source != "run" or not f.logits or not f.vocab:
         return None
     logit_bytes = sum(b.nbytes for b in f.logits)
     request = f.requested_bytes or 0

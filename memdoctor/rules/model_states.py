@@ -26,7 +26,7 @@ SHARE = 0.5
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run" or not f.limit_bytes:
+    if not f.under_pressure or f.source != "run" or not f.limit_bytes:
         return None
     states = f.model_state_bytes
     if states < SHARE * f.limit_bytes:

@@ -25,7 +25,7 @@ ID = "optimizer-step-temporaries"
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run" or not f.optimizer:
+    if not f.under_pressure or f.source != "run" or not f.optimizer:
         return None
     temps = f.optimizer_temporaries
     live = f.focus_bytes

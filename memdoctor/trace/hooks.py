@@ -28,6 +28,8 @@ class ForwardCall:
     training: bool = True
     grad_enabled: bool = True
     backward: bool = False
+    mark_start: int = 0
+    mark_end: int | None = None
 
 
 def guarded(method):
@@ -151,13 +153,14 @@ class OwnershipHooks:
                                           grad_enabled=torch.is_grad_enabled()))
             self.stack.append(name)
             rec.forward_depth += 1
-            if rec.phase != Phase.BACKWARD.value:
+            if not _in_backward():
                 rec.mark(Phase.FORWARD.value, name)
+            self.calls[-1].mark_start = len(rec.run.marks) - 1
             return None
         name = self.module_names.get(id(module), type(module).__name__)
         self.stack.append(name)
         rec.forward_depth += 1
-        rec.module = name
+        rec.enter_module(name)
         return None
 
     @guarded
@@ -168,15 +171,26 @@ class OwnershipHooks:
         self.stack.pop()
         rec.forward_depth = max(rec.forward_depth - 1, 0)
         if self.stack:
-            rec.module = self.stack[-1]
+            rec.enter_module(self.stack[-1])
             return None
         call = self.calls[-1]
         call.seq_end = len(rec.run.actions)
         for t in tree_leaves(output):
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
-                t.grad_fn.register_prehook(functools.partial(_backpropagated, call))
-        if rec.phase != Phase.BACKWARD.value:
+                t.grad_fn.register_prehook(functools.partial(self._backward_started, call))
+        if not _in_backward():
             rec.mark(rec.outer_phase())
+        call.mark_end = len(rec.run.marks) - 1
+        return None
+
+    def _backward_started(self, call: ForwardCall, grad_outputs):
+        """Backward reached this forward's output: it is back-propagated."""
+        call.backward = True
+        try:
+            if self.rec.phase != Phase.BACKWARD.value:
+                self.rec.mark(Phase.BACKWARD.value)
+        except Exception as exc:
+            log.warning("memdoctor: backward mark failed: %r", exc)
         return None
 
     # ---- backward -------------------------------------------------------------------
@@ -233,6 +247,5 @@ def _unpack(tensor):
     return tensor
 
 
-def _backpropagated(call: ForwardCall, grad_outputs):
-    call.backward = True
-    return None
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1

@@ -32,6 +32,10 @@ class Recorder:
         self.forward_depth = 0
         self.in_optimizer = False
         self.budget: Callable[[int, int], None] | None = None
+        # allocator source: owners noted by address per mark instead of counted here
+        self.claims: list | None = None
+        self.on_mark: Callable[..., None] | None = None
+        self.t0_unix = time.time()
         self._t0 = time.perf_counter()
         self._next_id = 0
         self._dtype_names: dict[Any, str] = {}
@@ -46,10 +50,17 @@ class Recorder:
         marks = self.run.marks
         seq = len(self.run.actions)
         m = Mark(seq, self.phase, self.step, module, round(time.perf_counter() - self._t0, 6))
-        if marks and marks[-1].seq == seq:
+        if marks and marks[-1].seq == seq and self.claims is None:
             marks[-1] = m
         else:
             marks.append(m)
+        if self.on_mark is not None:
+            self.on_mark(len(marks) - 1)
+
+    def enter_module(self, name: str | None) -> None:
+        self.module = name
+        if self.on_mark is not None:
+            self.on_mark(len(self.run.marks) - 1, name or "")
 
     def outer_phase(self) -> str:
         """The phase the hooks say we are in, outside the autograd engine."""
@@ -123,6 +134,14 @@ class Recorder:
 
     def claim(self, tensor, category: str, name: str | None = None) -> None:
         """Say who owns an existing tensor's storage (counting it first if it is new)."""
+        if self.claims is not None:
+            try:
+                addr = tensor.untyped_storage().data_ptr()
+            except Exception:
+                return
+            self.claims.append((len(self.run.marks) - 1, addr, category, name,
+                                list(tensor.shape), str(tensor.dtype).replace("torch.", "")))
+            return
         block = self.add(tensor, name or "", category)
         if block is not None and name and block.category == category:
             block.name = name

@@ -74,17 +74,29 @@ class Tracer:
             self.mode.__exit__(None, None, None)
         self.hooks.claim_all_state()
         self.hooks.remove()
-        if isinstance(exc, torch.OutOfMemoryError) and not any(
-                o.message == str(exc) for o in rec.run.ooms):
-            rec.record_oom(requested_from_message(str(exc)), str(exc).strip(), simulated=False)
+        oom_message = str(exc).strip() if isinstance(exc, torch.OutOfMemoryError) else None
+        rec.run.meta["forward_calls"] = self.hooks.forward_calls()
+        rec.run.meta["optimizers"] = self.hooks.optimizer_info
         if self.allocator is not None:
-            self.allocator.stop()
-        self.run = rec.close()
-        self.run.meta["forward_calls"] = self.hooks.forward_calls()
-        self.run.meta["optimizers"] = self.hooks.optimizer_info
-        self.run.meta["peak_live_bytes"] = rec.peak_bytes
+            rec.active = False
+            self.run = self.allocator.stop(oom_message)
+            _calls_to_seqs(self.run)
+        else:
+            if oom_message and not any(o.message == oom_message for o in rec.run.ooms):
+                rec.record_oom(requested_from_message(oom_message), oom_message, simulated=False)
+            self.run = rec.close()
+        if self.allocator is None:
+            self.run.meta["peak_live_bytes"] = rec.peak_bytes
         label_forwards_without_backward(self.run, ended_in_oom=bool(self.run.ooms))
         return False
+
+
+def _calls_to_seqs(run: Run) -> None:
+    """Allocator runs place marks after the fact: restate forward calls in event indices."""
+    for c in run.meta.get("forward_calls", []):
+        c["seq_start"] = run.marks[c["mark_start"]].seq if c["mark_start"] < len(run.marks) else 0
+        end = c.get("mark_end")
+        c["seq_end"] = run.marks[end].seq if end is not None and end < len(run.marks) else None
 
 
 def requested_from_message(message: str) -> int | None:

@@ -1,0 +1,76 @@
+"""The allocator source on a real GPU: bytes joined to owners must agree with the caching
+allocator's own counters."""
+import pytest
+import torch
+
+from memdoctor.attribution import breakdown_at, live_curve, peak
+from memdoctor.run import Action
+from memdoctor.trace.session import Tracer
+
+pytestmark = pytest.mark.gpu
+
+
+def _round512(n: int) -> int:
+    return (n + 511) // 512 * 512
+
+
+@pytest.fixture(scope="module")
+def gpt2_run():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 50257, (8, 1024), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with Tracer(models=[model], optimizers=[optimizer], source="allocator") as tracer:
+        for _ in range(2):
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+    params = list(model.parameters())
+    yield tracer.run, params, optimizer
+    del model, optimizer
+    torch.cuda.empty_cache()
+
+
+def test_live_bytes_equal_memory_allocated_at_every_phase_boundary(gpt2_run):
+    run, _, _ = gpt2_run
+    curve = live_curve(run)
+    samples = run.meta["phase_samples"]
+    assert len(samples) >= 8
+    mismatches = [(s["seq"], curve[s["seq"]] if curve else 0, s["allocated"]) for s in samples
+                  if s["seq"] < len(curve) and curve[s["seq"]] != s["allocated"]]
+    assert not mismatches[:5], mismatches[:5]
+
+
+def test_peak_equals_max_memory_allocated(gpt2_run):
+    run, _, _ = gpt2_run
+    assert peak(run)[1] == run.meta["peak_allocated"]
+
+
+def test_model_states_equal_analytic_bytes(gpt2_run):
+    run, params, optimizer = gpt2_run
+    param_bytes = sum(_round512(p.numel() * p.element_size()) for p in params)
+    end = breakdown_at(run, run.num_events - 1)
+    assert end.by_category["weights"] == param_bytes
+    cuda_state = sum(_round512(v.numel() * v.element_size()) for s in optimizer.state.values()
+                     for v in s.values() if torch.is_tensor(v) and v.is_cuda)
+    assert end.by_category["optimizer_state"] == cuda_state
+    # gradients at the start of the last optimizer step: every parameter has one
+    opt_marks = [m for m in run.marks if m.phase == "optimizer"]
+    at_step = breakdown_at(run, max(opt_marks[-1].seq - 1, 0))
+    assert at_step.by_category["gradients"] == param_bytes
+
+
+def test_activations_and_phases_present(gpt2_run):
+    run, _, _ = gpt2_run
+    phases = {m.phase for m in run.marks}
+    assert {"forward", "backward", "optimizer"} <= phases
+    seq, _ = peak(run)
+    b = breakdown_at(run, seq)
+    assert b.by_category["activations"] > 0
+    ooms = [a for a in run.actions if a == Action.OOM]
+    assert not ooms
