@@ -47,6 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="what a rule detects, why it runs out of memory, and the fix")
     p.add_argument("rule", nargs="?", help="a rule id; without one, list them")
+
+    p = sub.add_parser("tui", help="explore a run in the terminal: overview, timeline, modules, findings, remedies",
+                       epilog="with --script, arguments after -- are passed to the script")
+    p.add_argument("run", nargs="?", metavar="RUN", help="a saved *.memrun.json.gz run")
+    p.add_argument("--script", metavar="SCRIPT", help="trace this training script live, then show it")
+    p.add_argument("--budget", type=_size, metavar="SIZE", help="with --script: memory budget, e.g. 224MiB")
+    p.add_argument("--source", choices=("auto", "dispatch", "allocator"), default="auto",
+                   help="with --script: allocator (CUDA) or dispatch (any device); auto picks")
+    p.add_argument("-o", "--output", metavar="RUN", help="with --script: also save the traced run here")
+
+    p = sub.add_parser("report", help="write a self-contained HTML report of a saved run (of two: before and after)")
+    p.add_argument("run", metavar="RUN", help="a saved *.memrun.json.gz run")
+    p.add_argument("run2", nargs="?", metavar="RUN2", help="a second run, shown as after, with RUN as before")
+    p.add_argument("-o", "--output", metavar="HTML", help="where to write the report (default: STEM.html)")
     return parser
 
 
@@ -200,7 +214,51 @@ def cmd_explain(ns) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"trace": cmd_trace, "diagnose": cmd_diagnose, "explain": cmd_explain}
+def cmd_tui(ns) -> int:
+    if bool(ns.run) == bool(ns.script):
+        raise UsageError("give a RUN file or --script SCRIPT, one of them")
+    if not ns.script and (ns.budget or ns.output):
+        raise UsageError("--budget and -o go with --script")
+    if ns.script:
+        _check_script(ns.script)
+    elif not os.path.isfile(ns.run):
+        raise UsageError(f"no such run file: {ns.run}")
+    if not sys.stdout.isatty():
+        raise UsageError("the tui needs a terminal; `memdoctor diagnose --run RUN` prints the same diagnosis")
+    try:
+        import textual  # noqa: F401
+    except ImportError:
+        raise UsageError("the tui needs textual: pip install 'memdoctor[tui]'") from None
+    from .tui import run_app
+    if ns.script:
+        return run_app(script=ns.script, script_args=_script_argv(ns), budget=ns.budget,
+                       source=ns.source, output=ns.output)
+    return run_app(ns.run)
+
+
+def cmd_report(ns) -> int:
+    from .run import Run
+    try:
+        from .report.html import write_report
+    except ImportError as exc:
+        raise UsageError(f"the HTML report needs plotly: pip install 'memdoctor[report]' ({exc})") from None
+    run = Run.load(ns.run)
+    other = Run.load(ns.run2) if ns.run2 else None
+    out = ns.output
+    if not out:
+        stem = os.path.basename(ns.run)
+        for suffix in (".gz", ".json", ".memrun"):
+            stem = stem.removesuffix(suffix)
+        out = (stem or "report") + ".html"
+    if os.path.isdir(out):
+        raise UsageError(f"{out} is a folder; give a file name for the report")
+    write_report(out, run, other_run=other)
+    print(f"report written to {out}")
+    return EXIT_OK
+
+
+COMMANDS = {"trace": cmd_trace, "diagnose": cmd_diagnose, "explain": cmd_explain, "tui": cmd_tui,
+            "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any, Iterator
 
@@ -183,10 +183,21 @@ class Run:
             count = len(cols["id"])
             if any(len(cols[n]) != count for n in names):
                 raise RunFileError("run file is damaged: block columns differ in length")
+            _check_columns("run", Run, {n: [data[n]] for n in _RUN_SCALARS})
+            _check_columns("events", Run, {"actions": [ev["action"]], "event_blocks": [ev["block"]],
+                                           "event_bytes": [ev["bytes"]]})
+            _check_columns("blocks", Block, {n: cols[n] for n in names})
+            for key, kind in (("marks", Mark), ("ooms", OOM), ("samples", Sample)):
+                rows = data[key]
+                if type(rows) is not list or not all(type(r) is dict for r in rows):
+                    raise RunFileError(f"run file is damaged: {key} is not a list of objects")
+                _check_columns(key, kind, {n: [r[n] for r in rows] for n in kind.__dataclass_fields__})
             blocks = {}
             for i in range(count):
                 b = Block(**{n: cols[n][i] for n in names})
                 blocks[b.id] = b
+            if len(blocks) != count:
+                raise RunFileError("run file is damaged: block ids repeat")
             run = cls(
                 source=data["source"], device=data["device"], budget_bytes=data["budget_bytes"],
                 script=data["script"], argv=data["argv"], torch_version=data["torch_version"],
@@ -220,6 +231,32 @@ class Run:
         except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError) as exc:
             raise RunFileError(f"{os.fspath(path)!r} is not a readable run file ({type(exc).__name__})") from None
         return cls.from_dict(data)
+
+
+# What each annotated field may hold once read back from JSON (bool is not an int here).
+_ALLOWED = {"int": {int}, "int | None": {int, type(None)}, "str": {str}, "str | None": {str, type(None)},
+            "float": {int, float}, "bool": {bool}, "dict[str, Any]": {dict}}
+_LISTS_OF = {"list[int]": {int}, "list[str]": {str}, "list[dict[str, Any]]": {dict}}
+_RUN_SCALARS = ("source", "device", "budget_bytes", "script", "argv", "torch_version", "segments", "meta")
+
+
+def _check_columns(where: str, kind: type, columns: dict[str, Any]) -> None:
+    """Every value of every column has the type its field is annotated with, or the file is
+    damaged: a run that loads must be one the rest of memdoctor can read."""
+    hints = {f.name: f.type for f in fields(kind)}
+    for name, values in columns.items():
+        hint = hints[name]
+        if type(values) is not list:
+            ok = False
+        elif hint in _ALLOWED:
+            ok = set(map(type, values)) <= _ALLOWED[hint]
+        elif hint in _LISTS_OF:
+            inner = _LISTS_OF[hint]
+            ok = all(type(v) is list and set(map(type, v)) <= inner for v in values)
+        else:
+            ok = True
+        if not ok:
+            raise RunFileError(f"run file is damaged: {where}.{name} does not hold {hint}")
 
 
 class RunFileError(Exception):

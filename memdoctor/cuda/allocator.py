@@ -58,6 +58,7 @@ class AllocatorSource:
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
         run = snapshot_to_run(snapshot, self.device)
+        _count_as_allocator(run, snapshot, self.device)
         marks = rec.run.marks
         run.source, run.device = "allocator", {**rec.run.device, **run.device}
         run.budget_bytes, run.torch_version = rec.run.budget_bytes, rec.run.torch_version
@@ -65,11 +66,11 @@ class AllocatorSource:
         run.meta["peak_allocated"] = torch.cuda.max_memory_allocated(self.device)
         run.meta["peak_reserved"] = torch.cuda.max_memory_reserved(self.device)
         mark_of_block = _mark_per_block(run, marks, rec.t0_unix)
-        run.marks = _place_marks(run, marks, mark_of_block)
+        run.marks = _place_marks(run, marks, mark_of_block, self.samples)
         _label_blocks(run, marks, mark_of_block)
         _join_owners(run, rec.claims or [], run.marks)
         by_index = {i: m.seq for i, m in enumerate(run.marks)}
-        phase_samples = [Sample(max(by_index.get(i, 0) - 1, 0), a, r) for i, a, r in self.samples]
+        phase_samples = [Sample(by_index.get(i, 0) - 1, a, r) for i, a, r in self.samples]
         run.meta["phase_samples"] = [s.__dict__ for s in phase_samples]
         for o in run.ooms:
             mark = run.mark_at(o.seq)
@@ -85,6 +86,80 @@ class AllocatorSource:
         return run
 
 
+SMALL_REQUEST = 1 << 20      # kSmallSize: larger requests come from the large pool
+
+
+def _round(size: int) -> int:
+    return 512 if size < 512 else (size + 511) // 512 * 512
+
+
+def _count_as_allocator(run: Run, snapshot: dict, device: int) -> None:
+    """Trace entries carry the requested size; the allocator counts the block it handed
+    out. That is the request rounded up to 512 bytes, except in the large pool where a
+    free block is split only if more than 1 MiB would be left: then the whole free block
+    is handed out. Replaying the segments' layout (free gaps between live blocks) gives
+    each block's real size, so replayed bytes equal `memory_allocated()`."""
+    segments: list[tuple[int, int]] = []           # (start, end), sorted
+    live: dict[int, int] = {}                       # address -> block end
+    starts: list[int] = []                          # sorted live block addresses
+
+    known: set[int] = set()
+    exact_end: dict[int, int] = {}                  # blocks alive at the end: their real size
+
+    def add_segment(addr: int, size: int) -> None:
+        if addr not in known:
+            known.add(addr)
+            bisect.insort(segments, (addr, addr + size))
+
+    for seg in snapshot.get("segments") or ():
+        if seg.get("device", device) == device and "address" in seg:
+            add_segment(seg["address"], seg.get("total_size", 0))
+            for blk in seg.get("blocks") or ():
+                if blk.get("state") == "active_allocated" and "address" in blk:
+                    exact_end[blk["address"]] = blk["size"]
+    traces = snapshot.get("device_traces") or []
+    trace = traces[device] if device < len(traces) else []
+    for e in trace:
+        if e.get("action") in ("segment_alloc", "segment_map"):
+            add_segment(e["addr"], e["size"])
+    shift = run.meta.get("snapshot", {}).get("blocks_before_trace", 0)
+    early = [b for b in run.blocks.values() if b.alloc_seq < shift]
+    for b in early:
+        b.nbytes = exact_end.get(b.address, _round(b.nbytes)) if b.free_seq is None else _round(b.nbytes)
+        if b.address is not None:
+            live[b.address] = b.address + b.nbytes
+            bisect.insort(starts, b.address)
+    traced = sorted((b for b in run.blocks.values() if b.alloc_seq >= shift), key=lambda b: b.alloc_seq)
+    free_action = run.meta.get("snapshot", {}).get("free_action", "free_completed")
+    k = 0
+    for e in trace:
+        act = e.get("action")
+        if act == "alloc" and k < len(traced):
+            b = traced[k]
+            k += 1
+            addr, size = e["addr"], _round(e["size"])
+            if e["size"] > SMALL_REQUEST:
+                i = bisect.bisect_right(segments, (addr, 1 << 62)) - 1
+                seg_end = segments[i][1] if i >= 0 and segments[i][0] <= addr < segments[i][1] else addr + size
+                j = bisect.bisect_right(starts, addr)
+                gap_end = min(starts[j] if j < len(starts) else seg_end, seg_end)
+                if gap_end - addr - size <= SMALL_REQUEST:
+                    size = max(gap_end - addr, size)
+            b.nbytes = size
+            if addr in live:
+                starts.remove(addr)
+            live[addr] = addr + size
+            bisect.insort(starts, addr)
+        elif act == free_action:
+            if live.pop(e["addr"], None) is not None:
+                i = bisect.bisect_left(starts, e["addr"])
+                if i < len(starts) and starts[i] == e["addr"]:
+                    starts.pop(i)
+        elif act in ("segment_free", "segment_unmap"):
+            segments[:] = [sg for sg in segments if sg[0] != e["addr"]]
+    run.event_bytes = [run.blocks[i].nbytes if i >= 0 else n for i, n in zip(run.event_blocks, run.event_bytes)]
+
+
 def _mark_per_block(run: Run, marks: list[Mark], t0_unix: float) -> dict[int, tuple[int, str | None]]:
     """Block id -> (mark index, module), from the allocator's user metadata; blocks without
     it are placed by their time stamp among the marks' times."""
@@ -96,23 +171,35 @@ def _mark_per_block(run: Run, marks: list[Mark], t0_unix: float) -> dict[int, tu
     return out
 
 
-def _place_marks(run: Run, marks: list[Mark], mark_of_block) -> list[Mark]:
-    """Give each mark the event index where its first allocation happened."""
-    first: dict[int, int] = {}
+def _place_marks(run: Run, marks: list[Mark], mark_of_block, samples) -> list[Mark]:
+    """Give each mark the event index where it began. Allocations say their mark (user
+    metadata); between the last allocation of one mark and the first of the next there
+    are only frees, and the allocator's counter read at the mark says how many of them
+    came before it."""
+    from ..attribution import live_curve
+    last_alloc: dict[int, int] = {}
+    first_alloc: dict[int, int] = {}
     for block_id, (index, _m) in mark_of_block.items():
         seq = run.blocks[block_id].alloc_seq
-        if seq < first.get(index, 1 << 62):
-            first[index] = seq
-    placed, last = [], 0
-    following = run.num_events
-    seqs = [0] * len(marks)
-    for i in range(len(marks) - 1, -1, -1):
-        following = min(following, first.get(i, following))
-        seqs[i] = following
+        last_alloc[index] = max(last_alloc.get(index, -1), seq)
+        first_alloc[index] = min(first_alloc.get(index, 1 << 62), seq)
+    curve = live_curve(run)
+    allocated = {i: a for i, a, _r in samples}
+    placed: list[Mark] = []
+    lo = 0
     for i, m in enumerate(marks):
-        seq = max(seqs[i], last)
-        last = seq
+        later = [first_alloc[j] for j in range(i, min(i + 64, len(marks))) if j in first_alloc]
+        hi = min(later) if later else run.num_events
+        hi = max(hi, lo)
+        seq = hi
+        want = allocated.get(i)
+        if want is not None:
+            for s in range(max(lo - 1, -1), hi):
+                if (curve[s] if s >= 0 else 0) == want:
+                    seq = s + 1
+                    break
         placed.append(Mark(seq, m.phase, m.step, m.module, m.time))
+        lo = max(seq, last_alloc.get(i, -1) + 1)
     return placed
 
 

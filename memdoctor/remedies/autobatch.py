@@ -28,8 +28,6 @@ class AutoMicroBatch:
         self._logged: set[int] = set()
 
     def remember(self, size: int, total: int) -> None:
-        if size >= total and self.size is None:
-            return
         self.size = size
         if size not in self._logged:
             self._logged.add(size)
@@ -72,20 +70,22 @@ def oom_proof_accumulate(
     """
     params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
     total = batch_size(batch)
-    size = min(state.size or total, total)
+    size = start = min(state.size or total, total)
     saved = _snapshot_grads(params)
     while True:
         try:
             loss = accumulate_gradients(model, batch, loss_fn, size, context=context, backward=backward)
             break
-        except torch.OutOfMemoryError:
+        except torch.OutOfMemoryError as exc:
             if size <= 1:
                 _restore_grads(params, saved)
                 raise
+            reason = str(exc).strip().split("\n")[0][:300]  # a string: the exception holds frames
         # out of the except block, so the traceback and the activations it holds are gone
         _restore_grads(params, saved)
         _free_cached_memory(params)
-        log.debug("memdoctor: out of memory with micro-batch %d; retrying with %d", size, size // 2)
+        log.debug("memdoctor: %s with micro-batch %d; retrying with %d", reason, size, size // 2)
         size //= 2
-    state.remember(size, total)
+    if size < start:  # a small last batch fitting says nothing about the size to keep
+        state.remember(size, total)
     return loss

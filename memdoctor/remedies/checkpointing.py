@@ -68,19 +68,30 @@ def _same_class_group(prefix: str, module: nn.Module) -> list[tuple[str, nn.Modu
 
 
 def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The repeated blocks of a model, as (qualified name, module).
+    """The repeated blocks of a model, as (qualified name, module); empty when nothing repeats.
 
-    The largest run of same-class children of any ModuleList/Sequential, searched
-    recursively (the outermost wins a tie); failing that, the largest group of same-class
-    siblings anywhere. Empty when nothing repeats.
+    Candidates are the same-class children of every module, searched recursively; a
+    candidate that lies inside a member of another (the Linears of one block's MLP) is part
+    of a block, not a block. Of the rest, the largest run inside a ModuleList/Sequential
+    wins (the first on a tie); failing that, the largest group of same-class siblings
+    (lists themselves, like a ResNet's stages, do not count as siblings).
     """
-    for containers_only in (True, False):
+    containers = (nn.ModuleList, nn.Sequential)
+    candidates: list[tuple[str, bool, list[tuple[str, nn.Module]]]] = []
+    for name, module in model.named_modules():
+        is_list = isinstance(module, containers)
+        group = _same_class_group(name, module)
+        if group and (is_list or not isinstance(group[0][1], containers)):
+            candidates.append((name, is_list, group))
+    members = [m for _, _, group in candidates for m, _ in group]
+    outer = [
+        (is_list, group) for parent, is_list, group in candidates
+        if not any(parent == m or parent.startswith(m + ".") for m in members)
+    ]
+    for want_list in (True, False):
         best: list[tuple[str, nn.Module]] = []
-        for name, module in model.named_modules():
-            if containers_only and not isinstance(module, (nn.ModuleList, nn.Sequential)):
-                continue
-            group = _same_class_group(name, module)
-            if len(group) > len(best):
+        for is_list, group in outer:
+            if is_list == want_list and len(group) > len(best):
                 best = group
         if best:
             return best
@@ -160,14 +171,16 @@ def predicted_peak(
 
     Two moments can be the peak: the start of backward (checkpointed blocks hold only their
     inputs, the others all they saved) and the recompute of a checkpointed block i during
-    backward (the later blocks are already freed; inputs of blocks 0..i and block i's
-    recomputed tensors are live). `other_peak_bytes` is counted at both, which is
-    conservative when the rest of the peak comes at another moment.
+    backward (the later blocks are already freed; the inputs of blocks 0..i-1 and block i's
+    recomputed tensors, its input among them, are live). So checkpointing the last block
+    never lowers the peak: it is recomputed as soon as backward starts. `other_peak_bytes`
+    is counted at both moments, which is conservative when the rest of the peak comes at
+    another moment.
     """
     saved = list(per_block_saved_bytes)
     n = checkpointed
     at_backward = sum(input_bytes[:n]) + sum(saved[n:])
-    at_recompute = max((sum(input_bytes[: i + 1]) + saved[i] for i in range(n)), default=0)
+    at_recompute = max((sum(input_bytes[:i]) + saved[i] for i in range(n)), default=0)
     return other_peak_bytes + max(at_backward, at_recompute)
 
 

@@ -95,5 +95,6 @@ def use_fused_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerSwap:
             raise ValueError(f"{name} takes neither fused= nor foreach=: {fused_error}") from fused_error
     _move_step_hooks(optimizer, new)
     handle = OptimizerSwap(optimizer, new, f"{name} rebuilt with {how}")
+    optimizer.state.clear()  # the new optimizer holds it now; two holders could double it
     log.info("memdoctor: %s", handle.description)
     return handle

@@ -125,11 +125,12 @@ def facts_from_run(run: Run) -> Facts:
     f.step_activations = sum(b.nbytes for b in f.focus_blocks
                              if b.category == ACT and b.step == current_step)
     _find_logits(f)
-    nvml = run.device.get("nvml") or {}
+    nvml = run.device.get("nvml_at_oom") or run.device.get("nvml") or {}
     if nvml.get("available"):
         others = [p for p in nvml.get("processes", []) if not p.get("is_self")]
-        f.other_processes = others
-        f.other_process_bytes = sum(p.get("bytes") or 0 for p in others)
+        held = sum(p.get("bytes") or 0 for p in others)
+        if held >= (f.other_process_bytes or 0):      # the OOM message may know better
+            f.other_processes, f.other_process_bytes = others, held
         f.capacity_bytes = f.capacity_bytes or nvml.get("total_bytes")
     return f
 
@@ -186,8 +187,9 @@ def _growth(steps: list[dict]) -> float:
 
 def _find_logits(f: Facts) -> None:
     """Outputs of a projection to a vocabulary: the last dim matches a large weight's rows."""
-    vocab_dims = {b.shape[0] for b in f.focus_blocks
-                  if b.category == W and len(b.shape) == 2 and b.shape[0] >= VOCAB_MIN}
+    weights = [b for b in f.focus_blocks if b.category == W and len(b.shape) == 2]
+    consumed = {b.shape[1] for b in weights}      # a width some later layer reads is no vocabulary
+    vocab_dims = {b.shape[0] for b in weights if b.shape[0] >= VOCAB_MIN and b.shape[0] not in consumed}
     if not vocab_dims:
         return
     f.vocab = max(vocab_dims)

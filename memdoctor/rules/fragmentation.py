@@ -21,17 +21,23 @@ from .base import Finding, Remedy, free_fix_tier, fits
 from .facts import Facts
 
 ID = "fragmentation"
+RATIO = 2.0
+SHARE = 0.1
 
 
 def check(f: Facts) -> Finding | None:
     a = f.allocator
     free_reserved = a.get("reserved_unallocated_bytes")
     request = f.requested_bytes
-    if not f.oom or not free_reserved or not request or free_reserved < request:
+    if not f.oom or not free_reserved or not request:
         return None
     allocated = a.get("allocated_by_pytorch_bytes")
-    evidence = [f"{format_bytes(free_reserved)} reserved by PyTorch but unallocated, more than the "
-                f"{format_bytes(request)} requested, yet no free piece was large enough"]
+    reserved = a.get("reserved_total_bytes") or (free_reserved + (allocated or 0))
+    # holes several times the request, and a real share of what the allocator holds
+    if free_reserved < RATIO * request or free_reserved < SHARE * reserved:
+        return None
+    evidence = [f"{format_bytes(free_reserved)} reserved by PyTorch but unallocated, "
+                f"{free_reserved / request:.1f}x the {format_bytes(request)} requested, yet no free piece was large enough"]
     if allocated is not None:
         evidence.append(f"{format_bytes(allocated)} allocated by PyTorch")
     predicted = (allocated or 0) + request if allocated is not None else None

@@ -115,8 +115,19 @@ class Recorder:
 
     def _freed_callback(self, key: int):
         def freed(_ref, key=key, recorder=self):
-            recorder.free(key)
+            try:
+                recorder.free(key)
+            except Exception as exc:    # runs inside CPython's weakref machinery: never raise
+                recorder.frees_broken(exc)
         return freed
+
+    def frees_broken(self, exc: Exception) -> None:
+        """Frees can no longer be recorded, so live bytes only grow from here: stop, and drop
+        the simulated budget, which would otherwise raise an OOM the training never had."""
+        if self.active:
+            self.active = False
+            self.budget = None
+            log.warning("memdoctor: recording frees stopped after an internal error: %r", exc)
 
     def free(self, key: int) -> None:
         if not self.active:

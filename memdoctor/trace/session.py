@@ -75,6 +75,8 @@ class Tracer:
         self.hooks.claim_all_state()
         self.hooks.remove()
         oom_message = str(exc).strip() if isinstance(exc, torch.OutOfMemoryError) else None
+        if oom_message and rec.run.device.get("type") == "cuda":
+            rec.run.device["nvml_at_oom"] = _nvml_now(rec.run.device.get("index", 0))
         rec.run.meta["forward_calls"] = self.hooks.forward_calls()
         rec.run.meta["optimizers"] = self.hooks.optimizer_info
         if self.allocator is not None:
@@ -124,6 +126,14 @@ def device_facts(source: str) -> dict:
         facts["allocator_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         return facts
     return {"type": "cpu"}
+
+
+def _nvml_now(index: int) -> dict:
+    try:
+        from ..cuda.nvml import device_facts as nvml_facts
+        return nvml_facts(index)
+    except Exception as exc:
+        return {"available": False, "reason": str(exc)}
 
 
 def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:

@@ -31,6 +31,7 @@ def gpt2_run():
             optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
     params = list(model.parameters())
+    params += list(model.buffers())
     yield tracer.run, params, optimizer
     del model, optimizer
     torch.cuda.empty_cache()
@@ -41,8 +42,10 @@ def test_live_bytes_equal_memory_allocated_at_every_phase_boundary(gpt2_run):
     curve = live_curve(run)
     samples = run.meta["phase_samples"]
     assert len(samples) >= 8
-    mismatches = [(s["seq"], curve[s["seq"]] if curve else 0, s["allocated"]) for s in samples
-                  if s["seq"] < len(curve) and curve[s["seq"]] != s["allocated"]]
+    mismatches = [(s["seq"], curve[s["seq"]] if s["seq"] >= 0 else 0, s["allocated"]) for s in samples
+                  if s["seq"] < len(curve) and (curve[s["seq"]] if s["seq"] >= 0 else 0) != s["allocated"]]
+    worst = max((abs(c - a) for _s, c, a in mismatches), default=0)
+    print(f"phase boundaries: {len(samples)}, mismatched: {len(mismatches)}, worst {worst} bytes")
     assert not mismatches[:5], mismatches[:5]
 
 
@@ -51,18 +54,29 @@ def test_peak_equals_max_memory_allocated(gpt2_run):
     assert peak(run)[1] == run.meta["peak_allocated"]
 
 
+def _slack(tensors) -> int:
+    """The allocator hands out a whole free block when splitting would leave 1 MiB or
+    less: a large tensor's block may exceed its rounded size by up to 1 MiB."""
+    return sum(1 << 20 for t in tensors if t.numel() * t.element_size() > 1 << 20)
+
+
+def _check(counted: int, tensors) -> None:
+    analytic = sum(_round512(t.numel() * t.element_size()) for t in tensors)
+    assert analytic <= counted <= analytic + _slack(tensors), (counted, analytic)
+
+
 def test_model_states_equal_analytic_bytes(gpt2_run):
     run, params, optimizer = gpt2_run
-    param_bytes = sum(_round512(p.numel() * p.element_size()) for p in params)
     end = breakdown_at(run, run.num_events - 1)
-    assert end.by_category["weights"] == param_bytes
-    cuda_state = sum(_round512(v.numel() * v.element_size()) for s in optimizer.state.values()
-                     for v in s.values() if torch.is_tensor(v) and v.is_cuda)
-    assert end.by_category["optimizer_state"] == cuda_state
+    _check(end.by_category["weights"], params)
+    states = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.is_cuda]
+    _check(end.by_category["optimizer_state"], states)
     # gradients at the start of the last optimizer step: every parameter has one
     opt_marks = [m for m in run.marks if m.phase == "optimizer"]
     at_step = breakdown_at(run, max(opt_marks[-1].seq - 1, 0))
-    assert at_step.by_category["gradients"] == param_bytes
+    _check(at_step.by_category["gradients"], [p for p in params if p.requires_grad])
+    weight_blocks = [b for b in run.blocks.values() if b.category == "weights"]
+    assert len(weight_blocks) == len({p.untyped_storage().data_ptr() for p in params})
 
 
 def test_activations_and_phases_present(gpt2_run):

@@ -1,0 +1,729 @@
+"""Predict the GPU memory of a training configuration without running it.
+
+    est = estimate(model_fn, optimizer_fn, batch_fn, loss_fn, plan="bf16,ckpt=full")
+    est.peak_allocated_bytes, est.peak_reserved_bytes, est.breakdown
+
+How: the model, optimizer and batch are built under FakeTensorMode (tensors with shapes,
+dtypes and devices but no data, so a 1.5B-parameter model costs nothing), on fake CUDA
+tensors where this torch build has CUDA, else on fake CPU tensors standing in for them.
+One full training step (forward, backward, optimizer step, zero_grad(set_to_none=True))
+runs twice under memdoctor's dispatch tracer, so optimizer state created lazily in the
+first step is counted and the second step sees it. The cuBLAS workspaces a GPU would
+allocate through the caching allocator at the first matmul of each thread are inserted
+into the Run, and its allocations and frees are replayed through a model of the CUDA
+caching allocator (memdoctor.allocator_model) to predict `max_memory_allocated()` and
+`max_memory_reserved()`. The CUDA context is reported apart: it is device memory, but the
+allocator's counters never include it.
+
+What the estimate cannot see (noted in Estimate.notes where it applies): memory CUDA
+kernels allocate internally through the allocator and free before returning (cuDNN
+convolution workspaces, flash-attention backward's accumulators, sort/cub scratch), NCCL
+buffers, and other processes.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .allocator_model import AllocatorConfig, CachingAllocatorModel, ModelOOM, MiB
+from .attribution import breakdown_at, live_blocks
+from .remedies.plan import Plan
+from .run import Action, Block, CATEGORIES, Category, Run
+
+__all__ = ["Estimate", "estimate", "estimate_built", "train_step", "anchors", "CUDA_CONTEXT_BYTES",
+           "cublas_workspace_bytes", "CUBLASLT_WORKSPACE_BYTES"]
+
+# The CUDA context (driver state, kernel images of the loaded modules, cuBLAS/cuDNN handles'
+# own state) on an H100/H200 with CUDA 12/13 and lazy module loading (CUDA_MODULE_LOADING=LAZY,
+# the default since CUDA 11.7 / torch 2.x): nvidia-smi shows ~500 MiB for a process that has
+# only created its context and run a matmul. It is outside the allocator's counters, so it
+# is reported apart and never added to the predicted peak.
+CUDA_CONTEXT_BYTES = 500 * MiB
+
+# cuBLAS workspace per (cuBLAS handle, stream), allocated through the caching allocator at the
+# first cuBLAS call of a thread and kept for the process's life (aten/src/ATen/cuda/
+# CublasHandlePool.cpp, parseChosenWorkspaceSize): CUBLAS_WORKSPACE_CONFIG if set, else
+# ":4096:8" = 32 MiB on sm90 (H100/H200) and ":4096:2:16:8" = 8 MiB + 128 KiB elsewhere.
+# Handles are per thread, and autograd runs CUDA backward on its own device thread, so a
+# training step has two: the main thread's (forward) and the backward thread's.
+CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+# cuBLASLt workspace (same file, parseCUDABlasLtWorkspaceSize): CUBLASLT_WORKSPACE_SIZE KiB,
+# default 1024 KiB, one per (handle, stream), taken at the first cuBLASLt call: addmm with a
+# 1-D bias (nn.Linear with bias) and _scaled_mm.
+CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
+
+_BLAS_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot",
+             "_addmm_activation", "_scaled_mm", "_int_mm", "addr")
+_LT_OPS = ("_addmm_activation", "_scaled_mm")
+
+
+def cublas_workspace_bytes(sm90: bool = True) -> int:
+    """The cuBLAS workspace per handle and stream, as parseChosenWorkspaceSize computes it."""
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if config:
+        found = re.findall(r":([0-9]+):([0-9]+)", config)
+        if found:
+            return sum(int(size) * 1024 * int(count) for size, count in found)
+    return CUBLAS_WORKSPACE_SM90 if sm90 else CUBLAS_WORKSPACE_DEFAULT
+
+
+def cublaslt_workspace_bytes() -> int:
+    value = os.environ.get("CUBLASLT_WORKSPACE_SIZE")
+    try:
+        return int(value) * 1024 if value else CUBLASLT_WORKSPACE_BYTES
+    except ValueError:
+        return CUBLASLT_WORKSPACE_BYTES
+
+
+def _ops(names) -> frozenset:
+    found = []
+    for name in names:
+        try:
+            found.append(getattr(torch.ops.aten, name))
+        except (AttributeError, RuntimeError):
+            pass
+    return frozenset(found)
+
+
+BLAS_OPS = _ops(_BLAS_OPS)
+LT_OPS = _ops(_LT_OPS)
+_ADDMM = _ops(["addmm"])
+
+
+# ----------------------------------------------------------------------- the result
+@dataclass
+class Estimate:
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    breakdown: dict[str, int]
+    peak_phase: str
+    peak_step: int
+    cuda_context_bytes: int
+    workspace_bytes: int
+    notes: list[str]
+    run: Run
+    device: str = "cuda"
+    simulated_on: str = "cuda"
+    peak_seq: int = 0
+    live_peak_bytes: int = 0
+    category_peaks: dict[str, int] = field(default_factory=dict)
+    category_peaks_raw: dict[str, int] = field(default_factory=dict)
+    by_module: dict[str, int] = field(default_factory=dict)
+    params: int = 0
+    param_bytes: int = 0
+    plan: str = "none"
+    world_size: int = 1
+    budget_bytes: int | None = None
+    fits: bool | None = None
+    oom: dict | None = None
+    allocator: dict = field(default_factory=dict)
+    anchors: dict = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    @property
+    def device_bytes_needed(self) -> int:
+        """What the device must hold: the reserved peak plus the CUDA context."""
+        return self.peak_reserved_bytes + (self.cuda_context_bytes if self.device == "cuda" else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "breakdown": self.breakdown,
+            "peak_phase": self.peak_phase,
+            "peak_step": self.peak_step,
+            "cuda_context_bytes": self.cuda_context_bytes,
+            "workspace_bytes": self.workspace_bytes,
+            "device_bytes_needed": self.device_bytes_needed,
+            "live_peak_bytes": self.live_peak_bytes,
+            "category_peaks": self.category_peaks,
+            "category_peaks_raw": self.category_peaks_raw,
+            "by_module": self.by_module,
+            "params": self.params,
+            "param_bytes": self.param_bytes,
+            "plan": self.plan,
+            "world_size": self.world_size,
+            "budget_bytes": self.budget_bytes,
+            "fits": self.fits,
+            "oom": self.oom,
+            "device": self.device,
+            "simulated_on": self.simulated_on,
+            "allocator": self.allocator,
+            "anchors": self.anchors,
+            "notes": self.notes,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+# ----------------------------------------------------------------------- the step
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, loss_fn: Callable,
+               prepared=None, fake: bool = False) -> None:
+    """One full training step: forward, backward, optimizer step, zero_grad(set_to_none=True).
+
+    With `prepared` (memdoctor.remedies.prepare's result) the step is Prepared.step's:
+    zero_grad, forward under the plan's precision context and backward per micro-batch
+    (each loss weighted by its share of the batch), the precision's optimizer step; then
+    zero_grad. It is written out here rather than calling Prepared.step because that
+    returns the loss as a Python float, which a fake tensor cannot give. `fake=True` also
+    steps an fp16 loss scaler without reading its inf check (`.item()`), as if no step
+    overflowed. The estimate and the GPU validation both run this function.
+    """
+    if prepared is None:
+        loss = loss_fn(model, batch)
+        loss.backward()
+        del loss
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return
+    from .remedies.microbatch import batch_size, split_batch
+    opt = prepared.optimizer
+    opt.zero_grad(set_to_none=True)
+    prepared.model.zero_grad(set_to_none=True)
+    micro = prepared.plan.micro_batch
+    total = batch_size(batch)
+    size = total if micro in (None, "auto") else min(int(micro), total)
+    parts = [batch] if size >= total else split_batch(batch, size)
+    precision = prepared.precision
+    for part in parts:
+        share = batch_size(part) / total
+        with precision.context():
+            loss = loss_fn(prepared.model, part)
+        weighted = loss if share == 1.0 else loss * share
+        precision.backward(weighted)
+        del loss, weighted
+    scaler = precision.scaler
+    if fake and scaler is not None:
+        scaler.unscale_(opt)
+        opt.step()
+        scaler.update()
+    else:
+        precision.step(opt)
+    opt.zero_grad(set_to_none=True)
+
+
+# ----------------------------------------------------------------------- fake building
+def _cuda_built() -> bool:
+    try:
+        return torch.backends.cuda.is_built() and torch.version.cuda is not None
+    except Exception:
+        return False
+
+
+class _CpuForCuda(torch.overrides.TorchFunctionMode):
+    """On a torch without CUDA, fake CUDA tensors would abort the process in the first
+    kernel; this sends every explicit CUDA device (device=, .to, .cuda) to the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in (torch.Tensor.cuda,):
+            return args[0].to("cpu") if args and isinstance(args[0], torch.Tensor) else args[0]
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs["device"] = "cpu"
+        args = tuple("cpu" if _is_cuda(a) else a for a in args)
+        return func(*args, **kwargs)
+
+
+def _is_cuda(value) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    if isinstance(value, str):
+        return value.startswith("cuda")
+    return False
+
+
+class _BlasWatch(TorchDispatchMode):
+    """Note where the first cuBLAS (and cuBLASLt) call of each thread happens: the event
+    index just after the op's outputs were allocated."""
+
+    def __init__(self, run: Run):
+        super().__init__()
+        self.run = run
+        self.blas: dict[str, int] = {}
+        self.lt: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        packet = func.overloadpacket
+        if packet in BLAS_OPS:
+            thread = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+            if thread not in self.blas:
+                self.blas[thread] = len(self.run.actions)
+            if thread not in self.lt and (packet in LT_OPS or (packet in _ADDMM and _bias_1d(args, kwargs))):
+                self.lt[thread] = len(self.run.actions)
+        return out
+
+
+def _bias_1d(args, kwargs) -> bool:
+    bias = args[0] if args else None
+    beta = (kwargs or {}).get("beta", 1)
+    return isinstance(bias, torch.Tensor) and bias.dim() == 1 and beta == 1
+
+
+def _fakeify(batch, fake_mode, device):
+    """A batch of real tensors as fake ones on `device` (other leaves unchanged)."""
+    from torch.utils._pytree import tree_map
+
+    def conv(x):
+        if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.fake_tensor.FakeTensor):
+            return fake_mode.from_tensor(x).to(device)
+        if isinstance(x, torch.Tensor):
+            return x.to(device)
+        return x
+    return tree_map(conv, batch)
+
+
+def _unique_params(model: nn.Module) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for p in model.parameters():
+        seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _force_cuda_default_foreach(optimizer) -> bool:
+    """On a real GPU an optimizer left at foreach=None steps with the multi-tensor (foreach)
+    kernels; torch picks that by `type(p) in (Tensor, Parameter)`, which a fake parameter
+    fails, so under FakeTensorMode it would silently take the per-tensor loop (fewer
+    temporaries). Make the choice the GPU would make."""
+    changed = False
+    for group in optimizer.param_groups:
+        if "foreach" in group and group.get("foreach") is None and not group.get("fused") \
+                and not group.get("differentiable", False):
+            group["foreach"] = True
+            changed = True
+    return changed
+
+
+# ----------------------------------------------------------------------- the estimate
+def estimate(model_fn: Callable[[], nn.Module],
+             optimizer_fn: Callable[[nn.Module], torch.optim.Optimizer] | None,
+             batch_fn_or_batch: Any,
+             loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+             plan: Plan | str | None = None,
+             device: str = "cuda",
+             **options) -> Estimate:
+    """Predict the peak memory of training `model_fn()` with `optimizer_fn(model)` on a batch.
+
+    model_fn: builds the model (called under FakeTensorMode with `device` as default device).
+    optimizer_fn: builds the optimizer from the model (default: AdamW, lr 1e-4).
+    batch_fn_or_batch: a function returning the batch, or the batch itself (real tensors are
+      turned into fake ones on `device`).
+    loss_fn(model, batch): the mean loss of a batch.
+    plan: a memdoctor Plan (or its string, "bf16,ckpt=full,micro=2"), applied with
+      memdoctor.remedies.prepare to the fake model; zero=N is applied analytically.
+    Options: world_size (ZeRO/DDP, analytic), budget (bytes: the allocator's limit, as
+      `memdoctor trace --budget`; the CUDA context is outside it), steps (default 2),
+      cuda_context_bytes, sm90 (cuBLAS workspace size of Hopper, default True),
+      allocator_conf (a PYTORCH_CUDA_ALLOC_CONF string), anchors (also compute the anchors).
+    """
+    if isinstance(model_fn, nn.Module):
+        raise TypeError("estimate() needs a function that builds the model (model_fn), not a built "
+                        "model: the model is built again from fake tensors")
+    if not callable(model_fn):
+        raise TypeError("model_fn must be a function returning an nn.Module")
+    optimizer_fn = optimizer_fn or (lambda m: torch.optim.AdamW(m.parameters(), lr=1e-4))
+
+    def build(fake_mode, dev):
+        model = model_fn()
+        optimizer = optimizer_fn(model)
+        if callable(batch_fn_or_batch):
+            batch = batch_fn_or_batch()
+        else:
+            batch = _fakeify(batch_fn_or_batch, fake_mode, dev)
+        return model, optimizer, batch, loss_fn
+
+    return estimate_built(build, plan=plan, device=device, **options)
+
+
+def estimate_built(build: Callable, plan: Plan | str | None = None, device: str = "cuda", *,
+                   world_size: int = 1, budget: int | None = None, steps: int = 2,
+                   cuda_context_bytes: int | None = None, sm90: bool = True,
+                   allocator_conf: str | None = None, anchors: bool = False) -> Estimate:
+    """estimate() for a `build(fake_mode, device)` returning (model, optimizer, batch, loss_fn),
+    or a dict with those keys; a build() taking no arguments is called without them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .trace.session import Tracer
+
+    t0 = time.perf_counter()
+    plan = Plan.parse(plan) if isinstance(plan, str) else (plan or Plan())
+    target = torch.device(device).type
+    if target not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', not {device!r}")
+    notes: list[str] = []
+    on_cpu_for_cuda = target == "cuda" and not _cuda_built()
+    sim = "cpu" if on_cpu_for_cuda else target
+    if on_cpu_for_cuda:
+        notes.append(_CPU_STANDIN_NOTE)
+    zero = plan.zero
+    run_plan = Plan(plan.precision, plan.checkpointing, plan.micro_batch, plan.optimizer, None)
+    if plan.micro_batch == "auto":
+        notes.append("micro=auto starts with the whole batch and halves only on a real OOM; the estimate "
+                     "is for the whole batch (if it does not fit, estimate micro=N instead)")
+    if plan.precision == "fp16":
+        notes.append("fp16: the loss scaler's inf check (.item()) cannot run on fake tensors; the step "
+                     "is estimated as one that did not overflow")
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    redirect = _CpuForCuda() if on_cpu_for_cuda else contextlib.nullcontext()
+    tracer = Tracer(source="dispatch")
+    forced_foreach = False
+    with fake_mode, redirect:
+        with tracer:
+            watch = _BlasWatch(tracer.recorder.run)
+            with watch:
+                with torch.device(sim):
+                    built = _call_build(build, fake_mode, sim)
+                model, optimizer, batch, loss_fn = built
+                params = _unique_params(model)
+                n_params = sum(p.numel() for p in params)
+                param_bytes = sum(p.numel() * p.element_size() for p in params)
+                prepared = None
+                if not run_plan.is_empty():
+                    from .remedies import prepare
+                    prepared = prepare(model, optimizer, run_plan, device_type=sim)
+                    optimizer = prepared.optimizer
+                if target == "cuda":
+                    forced_foreach = _force_cuda_default_foreach(optimizer)
+                for _ in range(steps):
+                    train_step(model, optimizer, batch, loss_fn, prepared, fake=True)
+                del built, batch, prepared
+    run = tracer.run
+    if forced_foreach:
+        notes.append("optimizer foreach=None: stepped with the foreach (multi-tensor) kernels, as torch "
+                     "chooses on CUDA")
+    workspaces = 0
+    if target == "cuda":
+        workspaces = _insert_workspaces(run, watch, sm90, sim)
+        notes.append(f"cuBLAS workspaces: {_fmt(cublas_workspace_bytes(sm90))} per thread that runs a matmul "
+                     f"(forward and autograd's backward thread), {_fmt(cublaslt_workspace_bytes())} cuBLASLt "
+                     f"workspace per thread that runs an addmm with bias; {_fmt(workspaces)} in all, "
+                     "counted as 'other' and never freed")
+        if any(b.name.startswith("aten.convolution") or b.name.startswith("aten.cudnn") for b in run.blocks.values()):
+            notes.append("convolutions: cuDNN allocates its workspace inside each call and frees it "
+                         "before returning; that transient memory is not in the estimate")
+    conf = AllocatorConfig.parse(allocator_conf if allocator_conf is not None
+                                 else os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    if conf.ignored:
+        notes.append(f"PYTORCH_CUDA_ALLOC_CONF options not modelled: {', '.join(conf.ignored)}")
+    counted = _counted_blocks(run, sim, skip_cpu_scalars=on_cpu_for_cuda)
+    replay = _replay(run, counted, CachingAllocatorModel(None, conf))
+    peak_seq = replay["peak_seq"]
+    bd = breakdown_at(run, peak_seq, top=0)
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    for b in live_blocks(run, peak_seq):
+        if b.id in counted:
+            breakdown[b.category] = breakdown.get(b.category, 0) + replay["sizes"].get(b.id, 0)
+    mark = run.mark_at(peak_seq)
+    est = Estimate(
+        peak_allocated_bytes=replay["peak_allocated"], peak_reserved_bytes=replay["peak_reserved"],
+        breakdown=breakdown, peak_phase=mark.phase if mark else "other", peak_step=mark.step if mark else 0,
+        cuda_context_bytes=(CUDA_CONTEXT_BYTES if cuda_context_bytes is None else int(cuda_context_bytes))
+        if target == "cuda" else 0,
+        workspace_bytes=workspaces, notes=notes, run=run, device=target,
+        simulated_on=("cpu (standing in for cuda)" if on_cpu_for_cuda else sim) + " (FakeTensorMode)",
+        peak_seq=peak_seq, live_peak_bytes=replay["live_peak"], category_peaks=replay["category_peaks"],
+        category_peaks_raw=replay["category_peaks_raw"],
+        by_module=bd.by_module, params=n_params, param_bytes=param_bytes, plan=str(plan),
+        world_size=world_size, budget_bytes=budget, allocator=replay["stats"])
+    if world_size > 1 or zero is not None:
+        _apply_distributed(est, world_size, zero)
+    if budget is not None:
+        est.fits, est.oom = _check_budget(run, counted, conf, budget, est)
+    run.meta["estimate"] = {k: v for k, v in est.to_dict().items() if k not in ("anchors", "by_module")}
+    if anchors:
+        est.anchors = compute_anchors(build, run_plan, device, est, world_size=world_size, steps=steps)
+    est.elapsed_s = time.perf_counter() - t0
+    return est
+
+
+_CPU_STANDIN_NOTE = (
+    "this torch has no CUDA, so the step ran on fake CPU tensors standing in for CUDA ones; CPU kernels "
+    "save what CUDA kernels save except: scaled_dot_product_attention (CUDA flash/memory-efficient "
+    "attention save the output and a logsumexp of batch x heads x seq floats; the CPU flash kernel saves "
+    "the same, but with an attention mask or dropout CPU falls back to the math path, which saves the "
+    "seq x seq attention matrix that CUDA never does); autocast (CPU autocast's lower-precision op list "
+    "differs from CUDA's, e.g. in which norms and losses stay fp32); batch norm (CUDA uses cuDNN and "
+    "saves an extra reserve buffer); optimizer step counters (on the CPU on a GPU too, left out here); "
+    "fused optimizer kernels (CPU has fewer)")
+
+
+def _call_build(build, fake_mode, device):
+    try:
+        import inspect
+        takes = len(inspect.signature(build).parameters)
+    except (TypeError, ValueError):
+        takes = 2
+    got = build(fake_mode, device) if takes >= 2 else build()
+    if isinstance(got, dict):
+        missing = [k for k in ("model", "optimizer", "batch", "loss_fn") if k not in got]
+        if missing:
+            raise ValueError(f"build() returned a dict without {', '.join(missing)}")
+        got = (got["model"], got["optimizer"], got["batch"], got["loss_fn"])
+    if not (isinstance(got, (tuple, list)) and len(got) == 4):
+        raise ValueError("build() must return (model, optimizer, batch, loss_fn) or a dict with those keys")
+    model, optimizer, batch, loss_fn = got
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"build() returned a {type(model).__name__} as the model, not an nn.Module")
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if not callable(loss_fn):
+        raise ValueError("build() must return a loss_fn(model, batch)")
+    return model, optimizer, batch, loss_fn
+
+
+def _fmt(n: int) -> str:
+    from .units import format_bytes
+    return format_bytes(n)
+
+
+# ----------------------------------------------------------------------- replay
+def _insert_workspaces(run: Run, watch: _BlasWatch, sm90: bool, device_type: str) -> int:
+    """Add the cuBLAS / cuBLASLt workspace allocations to the Run at the first matmul of
+    each thread, as allocations that are never freed; returns their total bytes."""
+    device = "cuda:0" if device_type == "cuda" else device_type
+    inserts: list[tuple[int, int, str]] = []
+    for thread, pos in watch.blas.items():
+        inserts.append((pos, cublas_workspace_bytes(sm90), f"cuBLAS workspace ({thread} thread)"))
+    for thread, pos in watch.lt.items():
+        inserts.append((pos, cublaslt_workspace_bytes(), f"cuBLASLt workspace ({thread} thread)"))
+    if not inserts:
+        return 0
+    for b in run.blocks.values():
+        if b.device.startswith(device_type):
+            device = b.device
+            break
+    inserts.sort(key=lambda x: x[0])
+    next_id = max(run.blocks, default=-1) + 1
+    positions = [p for p, _, _ in inserts]
+    import bisect
+
+    def shift(seq: int) -> int:
+        return seq + bisect.bisect_right(positions, seq)
+
+    actions, blocks_col, bytes_col = [], [], []
+    j = 0
+    new_blocks = []
+    for seq in range(len(run.actions) + 1):
+        while j < len(inserts) and inserts[j][0] == seq:
+            _, nbytes, name = inserts[j]
+            blk = Block(next_id, nbytes, Category.OTHER.value, name, [nbytes], "uint8", device, None,
+                        "other", 0, len(actions))
+            new_blocks.append(blk)
+            actions.append(Action.ALLOC)
+            blocks_col.append(next_id)
+            bytes_col.append(nbytes)
+            next_id += 1
+            j += 1
+        if seq < len(run.actions):
+            actions.append(run.actions[seq])
+            blocks_col.append(run.event_blocks[seq])
+            bytes_col.append(run.event_bytes[seq])
+    for b in run.blocks.values():
+        b.alloc_seq = shift(b.alloc_seq)
+        if b.free_seq is not None:
+            b.free_seq = shift(b.free_seq)
+    for blk in new_blocks:
+        run.blocks[blk.id] = blk
+    for m in run.marks:     # an insert at a mark's position happened before it: under the previous mark
+        m.seq = shift(m.seq)
+    for o in run.ooms:
+        o.seq = shift(o.seq)
+    for s in run.samples:
+        s.seq = shift(s.seq)
+    run.actions, run.event_blocks, run.event_bytes = actions, blocks_col, bytes_col
+    for blk in new_blocks:
+        mark = run.mark_at(blk.alloc_seq)
+        if mark is not None:
+            blk.phase, blk.step = mark.phase, mark.step
+    return sum(n for _, n, _ in inserts)
+
+
+def _counted_blocks(run: Run, device_type: str, skip_cpu_scalars: bool) -> set[int]:
+    """The blocks that live on the simulated device. Standing in for CUDA on the CPU, the
+    optimizers' 0-dim step counters are left out: on a GPU they stay on the CPU."""
+    out = set()
+    for b in run.blocks.values():
+        if not b.device.startswith(device_type):
+            continue
+        if skip_cpu_scalars and b.category == Category.OPTIMIZER_STATE.value and not b.shape \
+                and b.name.endswith(":step"):
+            continue
+        out.add(b.id)
+    return out
+
+
+def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_oom: bool = False) -> dict:
+    handles: dict[int, Any] = {}
+    sizes: dict[int, int] = {}
+    cat_of = {bid: run.blocks[bid].category for bid in counted}
+    cat_live = dict.fromkeys(CATEGORIES, 0)
+    cat_peak = dict.fromkeys(CATEGORIES, 0)
+    raw_live = dict.fromkeys(CATEGORIES, 0)
+    raw_peak = dict.fromkeys(CATEGORIES, 0)
+    live = live_peak = 0
+    peak_alloc, peak_seq, peak_res_seq = -1, 0, 0
+    oom = None
+    ALLOC, FREE = Action.ALLOC, Action.FREE
+    for seq, (action, bid, nbytes) in enumerate(zip(run.actions, run.event_blocks, run.event_bytes)):
+        if bid not in counted:
+            continue
+        if action == ALLOC:
+            try:
+                h = model.malloc(nbytes)
+            except ModelOOM as exc:
+                oom = {"seq": seq, "requested_bytes": exc.requested, "allocated_bytes": exc.allocated,
+                       "reserved_bytes": exc.reserved}
+                if stop_on_oom:
+                    break
+                continue
+            if h is None:
+                continue
+            handles[bid] = h
+            sizes[bid] = h.size
+            cat = cat_of[bid]
+            cat_live[cat] += h.size
+            if cat_live[cat] > cat_peak[cat]:
+                cat_peak[cat] = cat_live[cat]
+            raw_live[cat] += nbytes
+            if raw_live[cat] > raw_peak[cat]:
+                raw_peak[cat] = raw_live[cat]
+            live += nbytes
+            if live > live_peak:
+                live_peak = live
+            if model.allocated > peak_alloc:
+                peak_alloc, peak_seq = model.allocated, seq
+            if model.reserved == model.peak_reserved:
+                peak_res_seq = seq
+        elif action == FREE:
+            h = handles.pop(bid, None)
+            if h is None:
+                continue
+            cat_live[cat_of[bid]] -= h.size
+            raw_live[cat_of[bid]] -= h.requested
+            live -= h.requested
+            model.free(h)
+    return {"peak_allocated": max(model.peak_allocated, 0), "peak_reserved": model.peak_reserved,
+            "peak_seq": peak_seq, "peak_reserved_seq": peak_res_seq, "sizes": sizes,
+            "category_peaks": cat_peak, "category_peaks_raw": raw_peak, "live_peak": live_peak, "stats": model.stats(), "oom": oom}
+
+
+def _check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int, est: Estimate):
+    """Replay again with the allocator capped at the budget (cached segments are released
+    and the request retried before an OOM, as on a GPU)."""
+    delta = est.peak_allocated_bytes - est.allocator.get("peak_allocated_bytes", est.peak_allocated_bytes)
+    capacity = max(budget - max(delta, 0), 0)       # analytic distributed extra memory takes its share
+    result = _replay(run, counted, CachingAllocatorModel(capacity, conf), stop_on_oom=True)
+    oom = result["oom"]
+    if oom is None:
+        return True, None
+    mark = run.mark_at(oom["seq"])
+    oom.update(phase=mark.phase if mark else "other", step=mark.step if mark else 0)
+    block = run.blocks.get(run.event_blocks[oom["seq"]])
+    if block is not None:
+        oom.update(tensor=block.name, category=block.category, module=block.module)
+    return False, oom
+
+
+def _apply_distributed(est: Estimate, world_size: int, zero: int | None) -> None:
+    """World size and ZeRO stage, analytically: ZeRO-1 shards optimizer state, ZeRO-2 also
+    gradients, ZeRO-3 also weights, each to 1/N per rank; plain data parallel (DDP) adds
+    flat communication buckets as large as the gradients (gradient_as_bucket_view=False,
+    DDP's default)."""
+    n = max(int(world_size), 1)
+    bd = est.breakdown
+    delta = 0
+    if zero is None:
+        if n > 1:
+            buckets = est.category_peaks.get(Category.GRADIENTS.value, 0)
+            delta += buckets
+            bd[Category.OTHER.value] = bd.get(Category.OTHER.value, 0) + buckets
+            est.notes.append(f"world size {n} without ZeRO: DDP's gradient buckets ({_fmt(buckets)}, one more "
+                             "copy of the gradients) added analytically")
+    else:
+        shrink = [Category.OPTIMIZER_STATE.value]
+        if zero >= 2:
+            shrink.append(Category.GRADIENTS.value)
+        if zero >= 3:
+            shrink.append(Category.WEIGHTS.value)
+        for cat in shrink:
+            cut = bd.get(cat, 0) - bd.get(cat, 0) // n
+            bd[cat] = bd.get(cat, 0) - cut
+            delta -= cut
+        est.notes.append(f"ZeRO-{zero} over {n} ranks applied analytically to the breakdown at the peak "
+                         f"({', '.join(shrink)} divided by {n}); communication buffers, ZeRO-3's gathered "
+                         "layers and a peak that moves to another phase are not modelled")
+    est.peak_allocated_bytes += delta
+    rounded = int(math.copysign(math.ceil(abs(delta) / (2 * MiB)) * 2 * MiB, delta)) if delta else 0
+    est.peak_reserved_bytes = max(est.peak_reserved_bytes + rounded, est.peak_allocated_bytes)
+
+
+# ----------------------------------------------------------------------- anchors
+def deepspeed_zero2_model_states_bytes(params: int, world_size: int = 1) -> int:
+    """DeepSpeed's estimate_zero2_model_states_mem_needs without CPU offload, per GPU: fp16
+    weights and gradients (2 + 2 bytes a parameter) plus fp32 master weights, momentum and
+    variance (and fp32 gradients: 16 bytes) sharded over the GPUs."""
+    return 4 * params + int(16 * params / max(world_size, 1))
+
+
+def accelerate_adam_bytes(param_bytes: int) -> int:
+    """accelerate's model-memory rule for training with Adam: four times the model's size."""
+    return 4 * param_bytes
+
+
+def compute_anchors(build: Callable, plan: Plan, device: str, est: Estimate, world_size: int = 1,
+                    steps: int = 2) -> dict:
+    """What other tools would say about the same configuration."""
+    out: dict[str, Any] = {
+        "deepspeed_zero2_model_states_bytes": deepspeed_zero2_model_states_bytes(est.params, world_size),
+        "accelerate_adam_x4_bytes": accelerate_adam_bytes(est.param_bytes),
+        "model_states_16_bytes_per_param": 16 * est.params,
+    }
+    try:
+        out["memtracker_peak_bytes"] = memtracker_peak(build, plan, device, steps)
+    except Exception as exc:        # an anchor failing is a fact to report, not an error
+        out["memtracker_peak_bytes"] = None
+        out["memtracker_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    return out
+
+
+def memtracker_peak(build: Callable, plan: Plan | None, device: str = "cuda", steps: int = 2) -> int:
+    """torch.distributed._tools.mem_tracker.MemTracker's peak (all categories, the target
+    device) for the same build and steps under FakeTensorMode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    target = torch.device(device).type
+    on_cpu = target == "cuda" and not _cuda_built()
+    sim = "cpu" if on_cpu else target
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    redirect = _CpuForCuda() if on_cpu else contextlib.nullcontext()
+    with fake_mode, redirect:
+        mt = MemTracker()
+        with mt:
+            with torch.device(sim):
+                model, optimizer, batch, loss_fn = _call_build(build, fake_mode, sim)
+            prepared = None
+            if plan is not None and not plan.is_empty():
+                from .remedies import prepare
+                prepared = prepare(model, optimizer, plan, device_type=sim)
+                optimizer = prepared.optimizer
+            if target == "cuda":
+                _force_cuda_default_foreach(optimizer)
+            for _ in range(steps):
+                train_step(model, optimizer, batch, loss_fn, prepared, fake=True)
+        snap = mt.get_tracker_snapshot("peak")
+    best = 0
+    for dev, values in snap.items():
+        if torch.device(dev).type == sim:
+            best = max(best, int(values.get("Total", 0)))
+    return best

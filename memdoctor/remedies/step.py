@@ -1,0 +1,139 @@
+"""Apply a Plan to a model and optimizer, and train one step with it.
+
+The order is fixed: precision first (bf16-true changes the parameters the optimizer holds),
+then checkpointing (wraps the blocks' forward, in whatever dtype), then the optimizer swap
+(it must see the parameters it will step, masters included), then ZeRO, then micro-batching
+(which only changes how the step runs).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from memdoctor.remedies._handle import Handle
+from memdoctor.remedies.autobatch import AutoMicroBatch, oom_proof_accumulate
+from memdoctor.remedies.checkpointing import apply_checkpointing
+from memdoctor.remedies.fused import use_fused_optimizer
+from memdoctor.remedies.microbatch import LossFn, accumulate_gradients
+from memdoctor.remedies.plan import Plan
+from memdoctor.remedies.precision import Precision, apply_precision
+
+log = logging.getLogger("memdoctor")
+
+
+def swap_optimizer(name: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> Handle:
+    """The optimizer remedy named in a plan; the handle's `.optimizer` is the one to use."""
+    if name == "fused":
+        return use_fused_optimizer(optimizer)
+    raise ValueError(
+        f"optimizer {name!r} comes from memdoctor.remedies.optimizers, which does not provide it yet"
+    )
+
+
+def apply_zero(model: nn.Module, optimizer: torch.optim.Optimizer, stage: int) -> Handle:
+    """ZeRO from memdoctor.remedies.zero: `apply_zero(model, optimizer, stage=)` returning a
+    handle with `.undo()` and, when it replaces the optimizer, `.optimizer`."""
+    try:
+        zero = importlib.import_module("memdoctor.remedies.zero")
+    except ModuleNotFoundError as exc:
+        if exc.name != "memdoctor.remedies.zero":
+            raise
+        raise ValueError(f"zero={stage} needs memdoctor.remedies.zero, which is not installed") from None
+    if not hasattr(zero, "apply_zero"):
+        raise ValueError("memdoctor.remedies.zero has no apply_zero(model, optimizer, stage=)")
+    return zero.apply_zero(model, optimizer, stage=stage)
+
+
+def _device_type(model: nn.Module) -> str:
+    param = next(model.parameters(), None)
+    return param.device.type if param is not None else "cpu"
+
+
+class Prepared:
+    """A model and optimizer with a plan applied; `step` trains on one whole batch.
+
+    `handles` are the applied remedies in the order applied, `precision` first.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan,
+                 precision: Precision, handles: list[Handle]) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.plan = plan
+        self.precision = precision
+        self.handles = handles
+        self.auto = AutoMicroBatch() if plan.micro_batch == "auto" else None
+        self._params = _unique(list(model.parameters()) + [p for g in optimizer.param_groups for p in g["params"]])
+
+    @property
+    def scaler(self):
+        return self.precision.scaler
+
+    def step(self, batch: Any, loss_fn: LossFn) -> float:
+        """zero_grad, forward/backward over micro-batches, optimizer step; the batch's mean loss.
+
+        `loss_fn(model, micro_batch)` returns the mean loss of that micro-batch.
+        """
+        if self.undone:
+            raise RuntimeError("this Prepared was undone; prepare the model again")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
+        run = dict(context=self.precision.context, backward=self.precision.backward)
+        if self.auto is not None:
+            loss = oom_proof_accumulate(self.model, batch, loss_fn, self.auto, params=self._params, **run)
+        else:
+            loss = accumulate_gradients(self.model, batch, loss_fn, self.plan.micro_batch, **run)
+        self.precision.step(self.optimizer)
+        return loss
+
+    def undo(self) -> None:
+        """Undo every applied remedy, last applied first."""
+        _undo_all(self.handles)
+
+    @property
+    def undone(self) -> bool:
+        return any(h.undone for h in self.handles)
+
+
+def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+def _undo_all(handles: list[Handle]) -> None:
+    for handle in reversed(handles):
+        handle.undo()
+
+
+def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan | str,
+            *, device_type: str | None = None) -> Prepared:
+    """Apply `plan` to the model and optimizer (in place where possible) and return them
+    ready to train; `Prepared.optimizer` may be a new object."""
+    plan = Plan.parse(plan) if isinstance(plan, str) else plan
+    device_type = device_type or _device_type(model)
+    handles: list[Handle] = []
+    try:
+        precision = apply_precision(model, optimizer, plan.precision, device_type)
+        handles.append(precision)
+        if plan.checkpointing is not None:
+            handles.append(apply_checkpointing(model, plan.checkpointing))
+        if plan.optimizer is not None:
+            handles.append(swap_optimizer(plan.optimizer, model, optimizer))
+            optimizer = handles[-1].optimizer
+        if plan.zero is not None:
+            handles.append(apply_zero(model, optimizer, plan.zero))
+            optimizer = getattr(handles[-1], "optimizer", optimizer)
+        if plan.micro_batch is not None:
+            how = "halving on out-of-memory" if plan.micro_batch == "auto" else f"of {plan.micro_batch} samples"
+            handles.append(Handle(f"micro-batches {how}"))
+            log.info("memdoctor: gradient accumulation over micro-batches %s", how)
+    except BaseException:
+        _undo_all(handles)
+        raise
+    return Prepared(model, optimizer, plan, precision, handles)

@@ -1,0 +1,200 @@
+"""What the TUI reads: a Run's blocks as numpy columns, indexed once so that any instant's
+breakdown costs O(log n) and no key press scans all blocks.
+
+For each category the alloc seqs and the free seqs of its blocks are sorted once with the
+running sum of their bytes; the live bytes of that category just after event `seq` are
+then two binary searches: (bytes allocated at or before seq) - (bytes freed at or before
+seq). That is `attribution.breakdown_at`'s rule (alloc_seq <= seq < free_seq) without
+walking the blocks. No textual and no torch here.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..attribution import module_of
+from ..run import CATEGORIES, OOM, Mark, Run
+
+NEVER = np.iinfo(np.int64).max      # free_seq of a block that is never freed
+
+
+@dataclass
+class Header:
+    """The small parts of a run: everything but the events and the blocks."""
+    source: str = "dispatch"
+    device: dict[str, Any] = field(default_factory=dict)
+    budget_bytes: int | None = None
+    script: str | None = None
+    argv: list[str] = field(default_factory=list)
+    torch_version: str = ""
+    marks: list[Mark] = field(default_factory=list)
+    ooms: list[OOM] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Tensor:
+    """One live block as the TUI shows it."""
+    name: str
+    category: str
+    nbytes: int
+    shape: list[int] | None
+    dtype: str
+    module: str | None
+    phase: str
+    step: int
+
+
+class _Owner:
+    """Just enough of a Block for attribution.module_of."""
+    __slots__ = ("category", "name", "module")
+
+    def __init__(self, category: str, name: str, module: str | None):
+        self.category, self.name, self.module = category, name, module
+
+
+def _int_array(values: Any, none: int) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        return values.astype(np.int64, copy=False)
+    return np.fromiter((none if v is None else v for v in values), dtype=np.int64, count=len(values))
+
+
+class RunIndex:
+    """Columns of a run's blocks plus the precomputed per-category cumulative arrays."""
+
+    def __init__(self, header: Header, num_events: int, blocks: dict[str, Sequence]):
+        self.header = header
+        self.num_events = n = int(num_events)
+        self.nbytes = _int_array(blocks["nbytes"], 0)
+        self.alloc = _int_array(blocks["alloc_seq"], 0)
+        free = _int_array(blocks["free_seq"], -1)
+        self.free = np.where(free < 0, NEVER, free)
+        self.names: Sequence[str] = blocks.get("name") or [""] * len(self.nbytes)
+        self.modules: Sequence[str | None] = blocks.get("module") or [None] * len(self.nbytes)
+        self.dtypes: Sequence[str] = blocks.get("dtype") or [""] * len(self.nbytes)
+        self.phases: Sequence[str] = blocks.get("phase") or ["other"] * len(self.nbytes)
+        self.steps = _int_array(blocks["step"], 0) if "step" in blocks else np.zeros(len(self.nbytes), np.int64)
+        self.shapes: Sequence[list[int]] | None = blocks.get("shape")    # may arrive later
+        cats = blocks["category"]
+        self.categories: list[str] = list(CATEGORIES)
+        codes_of = {c: i for i, c in enumerate(self.categories)}
+        for c in dict.fromkeys(cats):            # categories beyond the known seven, in order
+            if c not in codes_of:
+                codes_of[c] = len(self.categories)
+                self.categories.append(c)
+        self.category_names = cats
+        self.codes = np.fromiter((codes_of[c] for c in cats), dtype=np.int16, count=len(cats))
+
+        # per category: sorted alloc/free seqs and the running sums of their bytes
+        self._cum: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        for code in range(len(self.categories)):
+            mask = self.codes == code
+            a, f, b = self.alloc[mask], self.free[mask], self.nbytes[mask]
+            order = np.argsort(a, kind="stable")
+            a_sorted, a_cum = a[order], np.concatenate(([0], np.cumsum(b[order])))
+            freed = f != NEVER
+            f, fb = f[freed], b[freed]
+            order = np.argsort(f, kind="stable")
+            self._cum.append((a_sorted, a_cum, f[order], np.concatenate(([0], np.cumsum(fb[order])))))
+
+        # live bytes after each event, from the blocks (the same rule as breakdown_at)
+        delta = np.zeros(n + 1, dtype=np.int64)
+        inside = (self.alloc >= 0) & (self.alloc < n)
+        np.add.at(delta, self.alloc[inside], self.nbytes[inside])
+        gone = self.free < n
+        np.add.at(delta, self.free[gone], -self.nbytes[gone])
+        self.curve = np.cumsum(delta[:n]) if n else np.zeros(0, dtype=np.int64)
+        if n:
+            self.peak_seq = int(np.argmax(self.curve))
+            self.peak_bytes = int(self.curve[self.peak_seq])
+        else:
+            self.peak_seq, self.peak_bytes = 0, 0
+        self._by_size = np.argsort(-self.nbytes, kind="stable")
+        self._mark_seqs = [m.seq for m in header.marks]
+
+    # ---- construction -------------------------------------------------------------
+    @classmethod
+    def from_run(cls, run: Run) -> "RunIndex":
+        blocks = list(run.blocks.values())
+        columns = {name: [getattr(b, name) for b in blocks]
+                   for name in ("nbytes", "category", "name", "shape", "dtype", "module", "phase", "step",
+                                "alloc_seq", "free_seq")}
+        header = Header(source=run.source, device=run.device, budget_bytes=run.budget_bytes,
+                        script=run.script, argv=run.argv, torch_version=run.torch_version,
+                        marks=run.marks, ooms=run.ooms, meta=run.meta)
+        return cls(header, run.num_events, columns)
+
+    # ---- instants -------------------------------------------------------------------
+    def clamp(self, seq: int) -> int:
+        return max(0, min(int(seq), self.num_events - 1)) if self.num_events else 0
+
+    def total_at(self, seq: int) -> int:
+        return int(self.curve[self.clamp(seq)]) if self.num_events else 0
+
+    def by_category(self, seq: int) -> dict[str, int]:
+        """Live bytes per category just after event seq: O(categories x log blocks)."""
+        out = {}
+        for name, (a, a_cum, f, f_cum) in zip(self.categories, self._cum):
+            out[name] = int(a_cum[np.searchsorted(a, seq, "right")] - f_cum[np.searchsorted(f, seq, "right")])
+        return out
+
+    def live_mask(self, seq: int) -> np.ndarray:
+        return (self.alloc <= seq) & (self.free > seq)
+
+    def top(self, seq: int, k: int = 10) -> list[int]:
+        """Rows of the k largest blocks alive at seq: walks the blocks by size, a chunk at a
+        time, and stops as soon as it has k (the big ones are usually long-lived)."""
+        found: list[int] = []
+        start, chunk, total = 0, 256, len(self._by_size)
+        while start < total and len(found) < k:
+            rows = self._by_size[start:start + chunk]
+            alive = rows[(self.alloc[rows] <= seq) & (self.free[rows] > seq)]
+            found.extend(int(r) for r in alive[:k - len(found)])
+            start += chunk
+            chunk *= 4
+        return found
+
+    def tensor(self, row: int) -> Tensor:
+        cat = self.category_names[row]
+        return Tensor(name=self.names[row], category=cat, nbytes=int(self.nbytes[row]),
+                      shape=self.shapes[row] if self.shapes is not None else None,
+                      dtype=self.dtypes[row], module=self.module_of(row), phase=self.phases[row],
+                      step=int(self.steps[row]))
+
+    def module_of(self, row: int) -> str | None:
+        return module_of(_Owner(self.category_names[row], self.names[row], self.modules[row]))
+
+    def mark_at(self, seq: int) -> Mark | None:
+        i = bisect.bisect_right(self._mark_seqs, seq) - 1
+        return self.header.marks[i] if i >= 0 else None
+
+    def by_module(self, seq: int) -> dict[str, dict[str, int]]:
+        """Module -> category -> bytes alive at seq (one vectorised pass; used for the peak)."""
+        out: dict[str, dict[str, int]] = {}
+        rows = np.nonzero(self.live_mask(seq))[0]
+        for row in rows.tolist():
+            mod = self.module_of(row)
+            key = mod if mod else "(outside modules)" if mod is None else "(root)"
+            cats = out.setdefault(key, {})
+            cat = self.category_names[row]
+            cats[cat] = cats.get(cat, 0) + int(self.nbytes[row])
+        return out
+
+    # ---- the curve, downsampled -------------------------------------------------------
+    def buckets(self, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(max live bytes, seq of that max, first seq) for `width` equal slices of the run."""
+        n = self.num_events
+        width = max(1, min(width, n)) if n else 1
+        if not n:
+            zero = np.zeros(1, dtype=np.int64)
+            return zero, zero, zero
+        starts = np.linspace(0, n, width + 1).astype(np.int64)[:-1]
+        starts = np.unique(starts)
+        maxes = np.maximum.reduceat(self.curve, starts)
+        ends = np.append(starts[1:], n)
+        where = np.array([s + int(np.argmax(self.curve[s:e])) for s, e in zip(starts.tolist(), ends.tolist())],
+                         dtype=np.int64)
+        return maxes, where, starts
