@@ -43,9 +43,10 @@ MAX_LINE = 1 << 20          # longer lines are cut: a log without newlines must 
 BLOCK = 4 << 20             # bytes read at a time by scan_file
 _BEHIND = 600               # how far before a hit a message may start
 _AHEAD = 512                # how far after a hit its anchor phrase may reach
+_MARGIN = 64                # a needle this close to a window's end is looked at again
+_CONTEXT = 400              # text before a message that may describe it (class, NCCL rank)
 _SPAN = 8192                # the most raw text one message may cover (wrapped, prefixed)
 _SQUASHED_ENOUGH = 3000     # a message never squashes to more than this
-_MARGIN = 64                # an anchor phrase ends this close after its needle
 _CARRY = _BEHIND + _AHEAD + _SPAN   # tail kept between blocks so no message is cut
 
 
@@ -114,9 +115,9 @@ def _sz(match: re.Match, group: int = 1) -> int:
 # still leaves another whole.
 _NEEDLES = (
     "out of memory", "OutOfMemory", "OUT_OF_MEMORY", "ried to allocate", "larger than 4GB",
-    "exceed allowed", "MPS backend", "DefaultCPUAllocator", "posix_memalign", "_STATUS_", "ALLOC_FAILED",
-    "NOT_INITIALIZED", "valid cuDNN", "CUDA error", "THCudaCheck", "error (2)",
-    "Cuda failure", "CUDA calloc", "CUresult",
+    "exceed allowed", "MPS backend", "DefaultCPUAllocator", "posix_memalign", "_STATUS_",
+    "ALLOC_FAILED", "NOT_INITIALIZED", "valid cuDNN", "CUDA error", "THCudaCheck",
+    "error (2)", "Cuda failure", "CUDA calloc", "CUresult",
 )
 
 # Where a known message starts, in squashed text: per family, (head, rest) pairs where
@@ -479,12 +480,10 @@ def _parse_nccl(sq: str, m: re.Match, pre: str):
     """NCCL_DEBUG lines: 'host:pid:tid [cuda device] ... NCCL WARN ...'. Both anchors are
     NCCL's own wording (its CUDACHECK and calloc helpers)."""
     facts = OOMFacts("other", extra={"subsystem": "nccl"})
-    origin = None
-    for origin in _NCCL_ORIGIN.finditer(pre):   # the last one: a wrapped line has it above
-        pass
-    if origin:
-        facts.gpu_index = int(origin.group(2))
-        facts.extra["origin"] = origin.group(1)
+    origins = _NCCL_ORIGIN.findall(pre)
+    if origins:                                 # the last: a wrapped line has it above
+        facts.extra["origin"], gpu = origins[-1]
+        facts.gpu_index = int(gpu)
     head = m.group()
     if head.startswith("Failed"):
         facts.requested_bytes = int(head[len("FailedtoCUDAcalloc"):-len("bytes")])
@@ -521,7 +520,7 @@ def _line_start(text: str, pos: int, lowest: int) -> int:
 
 
 def _after_exception(text: str, anchor: int) -> bool:
-    return _EXCEPTION_TAIL.search(text[max(0, anchor - 200):anchor]) is not None
+    return _EXCEPTION_TAIL.search(text[max(0, anchor - _CONTEXT):anchor]) is not None
 
 
 def _pieces(text: str, start: int, stop: int, zone: str | None) -> list[tuple[int, str]]:
@@ -529,12 +528,12 @@ def _pieces(text: str, start: int, stop: int, zone: str | None) -> list[tuple[in
     the prefix it shares with `zone` (the text before the message on its first line), or,
     when `zone` is None, with the line above it."""
     pieces, at = [], start
-    reference = _shape(zone) if zone else ""
+    reference = None if zone is None else _shape(zone)
     while at < stop:
         nl = text.find("\n", at, stop)
         line_end = stop if nl < 0 else nl
         line = text[at:line_end]
-        shape = _shape(line) if zone is None or (zone and at > start) else ""
+        shape = _shape(line) if zone is None or reference else ""
         cut = _shared_prefix(reference, line, shape) if reference and at > start else 0
         pieces.append((at + cut, line[cut:]))
         if zone is None:
@@ -580,7 +579,7 @@ class _Scanner:
         if final:
             self.text = ""
             return
-        keep = max(0, self.hits_from - _BEHIND - 512)
+        keep = max(0, self.hits_from - _BEHIND - _CONTEXT)
         self.line0 += text.count("\n", 0, keep)
         self.text = text[keep:]
         self.cursor = max(0, self.cursor - keep)
@@ -605,7 +604,9 @@ class _Scanner:
         Line prefixes are only guessed (from the line above), and a guess can eat the
         start of a message when two lines begin alike, so anchors are looked for in the
         text read both with and without the prefixes."""
-        start = max(self.cursor, _line_start(text, max(0, hit - _BEHIND), hit - _BEHIND))
+        lowest = max(0, hit - _BEHIND)
+        first_line = text.find("\n", lowest, hit) + 1 if lowest else 0
+        start = max(self.cursor, first_line or lowest)
         end = min(len(text), hit + _AHEAD)
         anchors = {}
         for pieces in (_pieces(text, start, end, None), [(start, text[start:end])]):
@@ -625,7 +626,7 @@ class _Scanner:
         return max(self.cursor, end - _MARGIN)
 
     def _message(self, text: str, anchor: int) -> None:
-        line_start = _line_start(text, anchor, anchor - 400)
+        line_start = _line_start(text, anchor, anchor - _CONTEXT)
         pre = text[line_start:anchor]
         head = anchor
         lead = _HEAD_TAIL.search(pre)
@@ -644,7 +645,7 @@ class _Scanner:
         else:
             self.cursor = anchor + 1
             return
-        facts, k = _PARSERS[m.lastgroup](message.text, m, text[max(0, anchor - 400):anchor])
+        facts, k = _PARSERS[m.lastgroup](message.text, m, text[max(0, anchor - _CONTEXT):anchor])
         end = message.to_raw(k - 1) + 1
 
         if lead and lead.group(1):
@@ -667,7 +668,8 @@ class _Scanner:
         """NCCL prints the failure and, a few lines on, the size it failed to get: one OOM."""
         prior = self._nccl_open
         self._nccl_open = None
-        is_calloc = facts.kind == "other" and "CUDA calloc" in facts.text
+        nccl = facts.extra.get("subsystem") == "nccl"
+        is_calloc = nccl and facts.requested_bytes is not None
         if (prior is not None and is_calloc and prior.requested_bytes is None
                 and prior.extra.get("origin") == facts.extra.get("origin")
                 and facts.line - prior.line <= 10):
@@ -675,7 +677,7 @@ class _Scanner:
             prior.text = (prior.text + "\n" + facts.text)[:TEXT_LIMIT]
             return
         self.found.append(facts)
-        if facts.extra.get("subsystem") == "nccl" and not is_calloc:
+        if nccl and not is_calloc:
             self._nccl_open = facts
 
 
