@@ -25,12 +25,25 @@ from memdoctor.remedies.precision import Precision, apply_precision
 log = logging.getLogger("memdoctor")
 
 
-def swap_optimizer(name: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> Handle:
-    """The optimizer remedy named in a plan; the handle's `.optimizer` is the one to use."""
+def swap_optimizer(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan) -> Handle:
+    """The optimizer remedy a plan names, from memdoctor.remedies.optimizers where that is
+    installed (it checks the swap against the plan's precision and micro-batching); the
+    handle's `.optimizer` is the one to train with."""
+    try:
+        optimizers = importlib.import_module("memdoctor.remedies.optimizers")
+    except ModuleNotFoundError as exc:
+        if exc.name != "memdoctor.remedies.optimizers":
+            raise
+        optimizers = None
+    if optimizers is not None and hasattr(optimizers, "swap_optimizer"):
+        _, handle = optimizers.swap_optimizer(
+            model, optimizer, name, precision=plan.precision, micro_batch=plan.micro_batch
+        )
+        return handle
     if name == "fused":
         return use_fused_optimizer(optimizer)
     raise ValueError(
-        f"optimizer {name!r} comes from memdoctor.remedies.optimizers, which does not provide it yet"
+        f"optimizer {name!r} comes from memdoctor.remedies.optimizers, which is not installed"
     )
 
 
@@ -124,7 +137,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan | str
         if plan.checkpointing is not None:
             handles.append(apply_checkpointing(model, plan.checkpointing))
         if plan.optimizer is not None:
-            handles.append(swap_optimizer(plan.optimizer, model, optimizer))
+            handles.append(swap_optimizer(plan.optimizer, model, optimizer, plan))
             optimizer = handles[-1].optimizer
         if plan.zero is not None:
             handles.append(apply_zero(model, optimizer, plan.zero))
