@@ -26,7 +26,8 @@ SHARE = 0.3
 def check(f: Facts) -> Finding | None:
     if not f.under_pressure or f.source != "run":
         return None
-    inputs = [b for b in f.focus_blocks if b.category == "inputs"]
+    # loaded before training or between steps, and fed to the model: not a step's outputs
+    inputs = [b for b in f.focus_blocks if b.category == "inputs" and b.phase == "other"]
     held = sum(b.nbytes for b in inputs)
     live = f.focus_bytes
     if not held or held < SHARE * live:
@@ -35,7 +36,7 @@ def check(f: Facts) -> Finding | None:
     evidence = [f"{format_bytes(held)} of inputs on the device, {100 * held / live:.0f}% of {format_bytes(live)}",
                 f"largest: {'x'.join(map(str, biggest.shape))} {biggest.dtype} {format_bytes(biggest.nbytes)} "
                 f"made in step {biggest.step}"]
-    predicted = live - held + biggest.nbytes // max(len(inputs), 1)
+    predicted = live - held        # plus one batch at a time, small next to the dataset
     remedies = [Remedy("keep the data on the host", "hold the dataset in pinned CPU memory and move each batch "
                        "with .to(device, non_blocking=True)", predicted)]
     return Finding(ID, f"input data on the device takes {format_bytes(held)}", held, evidence, remedies,

@@ -1,0 +1,151 @@
+"""The rule engine names the real cause first: on the shared scenarios, on scenarios of
+our own (one per cause), and on OOM messages alone; and raises no false alarm on a run
+that fits."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import shared_path
+
+HERE = Path(__file__).parent
+OWN = json.loads((HERE / "scenarios" / "expected.json").read_text())
+
+
+def diagnose_json(*args, cwd):
+    proc = subprocess.run([sys.executable, "-m", "memdoctor", "diagnose", *map(str, args), "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert proc.returncode in (0, 3), proc.stderr[-2000:]
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def shared_cpu_scenarios():
+    path = HERE.parent.parent / "shared" / "scenarios" / "expected.json"
+    if not path.exists():
+        return ["s01_big_mlp_adam.py"]     # shared_path fails (CI) or skips in the test
+    return [n for n, e in json.loads(path.read_text()).items() if e["budget"].get("cpu")]
+
+
+@pytest.mark.parametrize("name", shared_cpu_scenarios())
+def test_shared_scenario_cause_ranks_first(name, tmp_path):
+    expected = json.loads(shared_path("scenarios", "expected.json").read_text())[name]
+    code, out = diagnose_json(shared_path("scenarios", name), "--budget", expected["budget"]["cpu"], cwd=tmp_path)
+    assert code == 3 and out["oom"]
+    rules = [f["rule"] for f in out["findings"]]
+    assert rules[0] == expected["cause"], rules
+    first = out["findings"][0]
+    assert first["accounts_for_bytes"] > 0 and first["evidence"] and first["remedies"]
+
+
+@pytest.mark.parametrize("name", sorted(OWN))
+def test_own_scenario_cause_ranks_first(name, tmp_path):
+    exp = OWN[name]
+    code, out = diagnose_json(HERE / "scenarios" / name, "--budget", exp["budget"], cwd=tmp_path)
+    assert code == 3
+    rules = [f["rule"] for f in out["findings"]]
+    assert rules and rules[0] == exp["cause"], rules
+    # the predicted peak of the first remedy is honest arithmetic: below what was live
+    remedy = out["findings"][0]["remedies"][0]
+    if remedy["predicted_peak_bytes"] is not None:
+        assert remedy["predicted_peak_bytes"] < sum(out["breakdown"].values()) + out["ooms"][0]["requested_bytes"]
+
+
+# For each rule, a scenario whose OOM has another cause must not report it at all.
+WITHOUT = {
+    "model-states": "activations_deep_batch.py",
+    "activations": "model_states_wide_adam.py",
+    "large-logits": "activations_deep_batch.py",
+    "leak": "eval_forward_with_grad.py",
+    "eval-without-no-grad": "leak_outputs_history.py",
+    "optimizer-step-temporaries": "model_states_wide_adam.py",
+    "grads-during-forward": "activations_deep_batch.py",
+    "data-on-device": "leak_outputs_history.py",
+    "oversized-request": "logits_big_vocab.py",
+}
+
+
+@pytest.mark.parametrize("rule", sorted(WITHOUT))
+def test_rule_silent_without_its_cause(rule, tmp_path):
+    name = WITHOUT[rule]
+    _, out = diagnose_json(HERE / "scenarios" / name, "--budget", OWN[name]["budget"], cwd=tmp_path)
+    assert rule not in [f["rule"] for f in out["findings"]]
+
+
+@pytest.mark.parametrize("name", ["activations_deep_batch.py", "logits_big_vocab.py", "model_states_wide_adam.py"])
+def test_no_false_alarm_when_it_fits(name, tmp_path):
+    code, out = diagnose_json(HERE / "scenarios" / name, cwd=tmp_path)
+    assert code == 0 and not out["oom"]
+    assert out["findings"] == []
+
+
+FRAGMENTED = ("RuntimeError: CUDA out of memory. Tried to allocate 80.00 MiB. GPU 0 has a total capacity of "
+              "79.10 GiB of which 60.12 GiB is free. Including non-PyTorch memory, this process has 18.90 GiB "
+              "memory in use. 18.00 GiB allowed; Of the allocated memory 9.50 GiB is allocated by PyTorch, and "
+              "8.10 GiB is reserved by PyTorch but unallocated.")
+CROWDED = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+           "of 23.65 GiB of which 1.10 GiB is free. Process 4242 has 17.20 GiB memory in use. Including "
+           "non-PyTorch memory, this process has 5.30 GiB memory in use. Of the allocated memory 4.80 GiB is "
+           "allocated by PyTorch, and 120.00 MiB is reserved by PyTorch but unallocated.")
+FULL = ("RuntimeError: CUDA out of memory. Tried to allocate 512.00 MiB (GPU 1; 15.78 GiB total capacity; "
+        "14.20 GiB already allocated; 301.00 MiB free; 14.90 GiB reserved in total by PyTorch)")
+HUGE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.20 TiB. GPU 0 has a total capacity of "
+        "79.10 GiB of which 78.00 GiB is free.")
+
+
+@pytest.mark.parametrize("text,rule", [(FRAGMENTED, "fragmentation"), (CROWDED, "other-processes"),
+                                       (FULL, "device-full"), (HUGE, "oversized-request")])
+def test_log_rules(text, rule, tmp_path):
+    log = tmp_path / "job.err"
+    log.write_text("step 100 loss 2.1\nTraceback (most recent call last):\n  File \"train.py\", line 9\n"
+                   + "[rank0]: " + text + "\n")
+    code, out = diagnose_json("--log", log, cwd=tmp_path)
+    assert code == 3
+    assert out["findings"][0]["rule"] == rule
+    assert out["ooms"][0]["rule"] == rule and out["ooms"][0]["requested_bytes"] > 0
+
+
+def test_fragmentation_silent_when_holes_are_small(tmp_path):
+    log = tmp_path / "job.err"
+    log.write_text(FRAGMENTED.replace("8.10 GiB is reserved", "60.00 MiB is reserved"))
+    _, out = diagnose_json("--log", log, cwd=tmp_path)
+    assert "fragmentation" not in [f["rule"] for f in out["findings"]]
+
+
+def _corpus():
+    path = HERE.parent.parent / "shared" / "oom_messages" / "messages.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_every_corpus_message_through_the_cli(tmp_path):
+    records = [json.loads(line) for line in
+               shared_path("oom_messages", "messages.jsonl").read_text().splitlines() if line.strip()]
+    assert len(records) == 88
+    wrong = []
+    for rec in records:
+        log = tmp_path / f"{rec['id']}.log"
+        log.write_text(rec["text"])
+        code, out = diagnose_json("--log", log, cwd=tmp_path)
+        first = out["ooms"][0] if out["ooms"] else {}
+        got = {k: first.get(k) for k in rec["expected"]}
+        if code != 3 or got != rec["expected"] or not out["findings"]:
+            wrong.append((rec["id"], got, rec["expected"]))
+            continue
+        rule = out["findings"][0]["rule"]
+        exp = rec["expected"]
+        total, free, mine = exp["total_capacity_bytes"], exp["free_bytes"], exp["process_in_use_bytes"]
+        if total and free is not None and mine is not None and total - free - mine > 0.5 * total:
+            if rule != "other-processes":
+                wrong.append((rec["id"], "expected other-processes", rule))
+    assert not wrong, wrong[:5]
+
+
+def test_explain_every_rule_has_the_sections():
+    from memdoctor.rules.registry import all_ids, explain
+    for rule_id in all_ids():
+        text = explain(rule_id)
+        for section in ("What it detects", "Why it runs out of memory", "Example", "Fix"):
+            assert section in text, (rule_id, section)
