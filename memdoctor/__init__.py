@@ -10,7 +10,7 @@ __all__ = ["watch", "Tracer", "Run", "diagnose", "Plan", "prepare", "estimate"]
 
 def __getattr__(name: str):
     if name == "watch":
-        from .watch import watch
+        from .watching import watch
         return watch
     if name == "Tracer":
         from .trace.session import Tracer

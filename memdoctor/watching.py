@@ -1,4 +1,5 @@
-"""`memdoctor.watch`: the context manager for training scripts.
+"""`memdoctor.watch`: the context manager for training scripts. (The module is named
+watching so that the package attribute `memdoctor.watch` stays the context manager.)
 
     with memdoctor.watch(model, optimizer, budget="16GiB", report="oom.html") as doc:
         train()
