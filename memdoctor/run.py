@@ -56,7 +56,7 @@ class Action:
     OOM = 2
 
 
-@dataclass
+@dataclass(slots=True)
 class Block:
     """One storage: the unit memory is allocated and freed in."""
     id: int
@@ -193,8 +193,8 @@ class Run:
                     raise RunFileError(f"run file is damaged: {key} is not a list of objects")
                 _check_columns(key, kind, {n: [r[n] for r in rows] for n in kind.__dataclass_fields__})
             blocks = {}
-            for i in range(count):
-                b = Block(**{n: cols[n][i] for n in names})
+            for values in zip(*(cols[n] for n in names)):
+                b = Block(*values)
                 blocks[b.id] = b
             if len(blocks) != count:
                 raise RunFileError("run file is damaged: block ids repeat")
