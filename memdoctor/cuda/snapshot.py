@@ -8,12 +8,16 @@ every class or function a pickle asks for. The same data saved as JSON is read t
 """
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
 import pickle
+import pickletools
+import re
 import stat
 import zlib
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -37,6 +41,19 @@ class SnapshotError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
+@contextmanager
+def _gc_paused():
+    """Building millions of containers sets off full garbage collections over all of them,
+    again and again, though none can be garbage yet: that doubles load and convert time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class _Refused(Exception):
     def __init__(self, what: str):
         super().__init__(what)
@@ -52,6 +69,78 @@ class _DataOnlyUnpickler(pickle.Unpickler):
         raise _Refused(f"{module}.{name}"[:80])
 
 
+# ---- the opcode check before unpickling --------------------------------------------------
+# Refusing globals stops code, not crashes. CPython's C unpickler sizes its memo table from
+# the index a PUT names, so ten bytes can make it allocate tens of GiB (gh-115952, fixed
+# only in recent releases), and it hashes dict keys, so a key nested a million tuples deep
+# overflows the C stack. A
+# snapshot never needs either, so every opcode is checked first, at regex speed: memo
+# indices and lengths must fit the file, tuples may hold only numbers (so nothing hashable
+# nests), and sets and object-building opcodes are refused outright.
+_NUMBER = (rb"(?:K.|M..|J....|N|\x88|\x89|G.{8}|[IFL][^\n]*\n|\x8a(?:\x00|\x01.|\x02..|"
+           rb"\x03...|\x04.{4}|\x05.{5}|\x06.{6}|\x07.{7}|\x08.{8}))")
+_DATA_OPS = (
+    rb"h.|\x94|j...."                                     # memo get, memoize
+    rb"|" + _NUMBER + rb"(?:\x85|" + _NUMBER + rb"(?:[\x85\x86]|(?:" + _NUMBER + rb")+[\x85-\x87]?)?)?"
+    rb"|\((?:" + _NUMBER + rb")*t"                        # a tuple of numbers after MARK
+    rb"|[()}\]ldaesu012]"                                 # containers and stack ops
+    rb"|[q\x80].|\x95.{8}|r..\x00\x00|[SVg][^\n]*\n"      # small memo puts, proto, frame, text
+)
+try:   # possessive: no backtracking state kept across millions of opcodes (Python 3.11+)
+    _DATA_RUN = re.compile(rb"(?:" + _DATA_OPS + rb")*+", re.S)
+except re.error:
+    _DATA_RUN = re.compile(rb"(?:" + _DATA_OPS + rb"){0,1024}", re.S)
+_COUNTED = {b"\x8c": 1, b"C": 1, b"U": 1, b"\x8a": 1, b"X": 4, b"B": 4, b"T": 4, b"\x8b": 4,
+            b"\x8d": 8, b"\x8e": 8, b"\x96": 8}
+
+
+def _opname(op: bytes) -> str:
+    info = pickletools.code2op.get(op.decode("latin-1"))
+    return info.name if info else f"0x{op.hex()}"
+
+
+def _check_opcodes(data: bytes) -> None:
+    """Walk the pickle's opcodes up to STOP; raise ValueError or _Refused on anything a
+    snapshot cannot contain. Returns early at a global, which find_class then refuses."""
+    pos, size, match = 0, len(data), _DATA_RUN.match
+    while True:
+        end = match(data, pos).end()
+        if end != pos:          # the pattern without *+ stops every 1024 opcodes
+            pos = end
+            continue
+        if pos >= size:
+            raise ValueError("the pickle is truncated")
+        op = data[pos:pos + 1]
+        width = _COUNTED.get(op)
+        if op == b"." or op in (b"c", b"i", b"\x93"):
+            return
+        if width is not None:
+            length = int.from_bytes(data[pos + 1:pos + 1 + width], "little", signed=op in (b"T", b"\x8b"))
+            pos += 1 + width + length
+            if length < 0 or pos > size:
+                raise ValueError(f"{_opname(op)} at byte {pos} runs past the end of the file")
+        elif op == b"r" or op == b"p":
+            if op == b"r":
+                index, end = int.from_bytes(data[pos + 1:pos + 5], "little"), pos + 5
+            else:
+                end = data.find(b"\n", pos)
+                digits = data[pos + 1:end] if end > 0 else b""
+                index, end = (int(digits), end + 1) if digits.isdigit() and len(digits) < 12 else (-1, end)
+            if not 0 <= index <= pos or end > size:
+                raise ValueError(f"memo index at byte {pos} is out of range")
+            pos = end
+        elif op in (b"R", b"b", b"o", b"\x81", b"\x92", b"\x82", b"\x83", b"\x84",
+                    b"P", b"Q", b"\x97", b"\x98"):
+            raise _Refused(_opname(op))
+        elif op in (b"\x85", b"\x86", b"\x87", b"t", b"\x8f", b"\x90", b"\x91"):
+            raise ValueError(f"{_opname(op)} at byte {pos} builds a tuple or set of "
+                             f"non-numbers, which a snapshot never holds")
+        elif pickletools.code2op.get(op.decode("latin-1")):
+            raise ValueError("the pickle is truncated")    # a known opcode cut short
+        else:
+            raise ValueError(f"unknown pickle opcode 0x{op.hex()} at byte {pos}")
+
+
 def load_snapshot(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> dict:
     """The snapshot dict stored at `path`: a pickle (any protocol), JSON, or either
     gzip-compressed, told apart by content. Anything else raises SnapshotError."""
@@ -64,7 +153,7 @@ def load_snapshot(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> dict:
             raise SnapshotError(f"{name!r} is {format_bytes(info.st_size)}, over the "
                                 f"{format_bytes(max_bytes)} limit for snapshots")
         with open(name, "rb") as fh:
-            raw = fh.read(max_bytes + 1)
+            raw = fh.read()
     except OSError as exc:
         raise SnapshotError(f"cannot read snapshot {name!r}: {exc.strerror or exc}") from None
     if len(raw) > max_bytes:
@@ -95,11 +184,14 @@ def _gunzip(raw: bytes, max_bytes: int, name: str) -> bytes:
 def _decode(raw: bytes, name: str) -> Any:
     if raw[:64].lstrip()[:1] == b"{":
         try:
-            return json.loads(raw)
-        except (ValueError, RecursionError) as exc:   # JSONDecodeError, bad UTF-8, huge ints
+            with _gc_paused():
+                return json.loads(raw)
+        except (ValueError, RecursionError, MemoryError) as exc:   # bad JSON or UTF-8, deep nesting
             raise SnapshotError(f"{name!r} is not a readable snapshot: broken JSON ({exc})") from None
     try:
-        return _DataOnlyUnpickler(io.BytesIO(raw)).load()
+        _check_opcodes(raw)
+        with _gc_paused():
+            return _DataOnlyUnpickler(io.BytesIO(raw)).load()
     except _Refused as exc:
         raise SnapshotError(
             f"{name!r} was refused: it contains Python code or objects ({exc.what}), "
@@ -170,7 +262,25 @@ def _block_bytes(b: dict) -> int:
     requested = b.get("requested_size")
     if not requested and b.get("history"):
         requested = b["history"][0].get("real_size")
-    return int(requested or b["size"])
+    return _int(requested or b["size"], "block size")
+
+
+def _int(value: Any, what: str) -> int:
+    if type(value) is not int:
+        raise TypeError(f"{what} is {type(value).__name__}, not int")
+    return value
+
+
+def _plain(value: Any, depth: int = 4) -> Any:
+    """A JSON-safe copy of snapshot data kept in the Run, cut at `depth`: a hostile
+    snapshot could nest or loop where a real one holds a few flat settings."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if depth > 0 and type(value) is dict:
+        return {str(k): _plain(v, depth - 1) for k, v in value.items() if type(k) in (str, int)}
+    if depth > 0 and type(value) in (list, tuple):
+        return [_plain(v, depth - 1) for v in value]
+    return None
 
 
 # ---- conversion -------------------------------------------------------------------------
@@ -184,31 +294,39 @@ def snapshot_to_run(snapshot: dict, device: int | None = None) -> Run:
     start, so live bytes at every point and at the end match the allocator.
 
     `device` picks which GPU's trace to read; by default the one with the longest trace.
+    A snapshot that is not shaped like PyTorch's raises SnapshotError.
     """
     if not isinstance(snapshot, dict):
         raise SnapshotError("not a PyTorch memory snapshot (expected a dict)")
-    traces = snapshot.get("device_traces") or []
-    all_segments = snapshot.get("segments") or []
     try:
+        traces = snapshot.get("device_traces") or []
+        all_segments = snapshot.get("segments") or []
         device = _pick_device(traces, all_segments, device)
         trace = traces[device] if device < len(traces) else []
         segments = [s for s in all_segments if s.get("device", device) == device]
-        return _convert(snapshot, trace, segments, device)
+        with _gc_paused():
+            run = _convert(snapshot, trace, segments, device)
+        run.meta["snapshot"]["devices"] = sorted(
+            {i for i, t in enumerate(traces) if t}
+            | {d for s in all_segments if type(d := s.get("device", 0)) is int})
+        return run
     except SnapshotError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise SnapshotError(f"the snapshot is damaged ({type(exc).__name__}: {exc})") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError,
+            RecursionError) as exc:
+        why = " ".join(str(exc).split())[:160]
+        raise SnapshotError(f"the snapshot is damaged ({type(exc).__name__}: {why})") from None
 
 
 def _pick_device(traces: list, segments: list, device: int | None) -> int:
-    seg_devices = {s.get("device", 0) for s in segments}
+    seg_devices = {d for s in segments if type(d := s.get("device", 0)) is int and d >= 0}
     if device is None:
         if any(traces):
             return max(range(len(traces)), key=lambda i: len(traces[i]))
         return min(seg_devices, default=0)
-    if device < 0 or (device >= len(traces) and device not in seg_devices):
-        have = sorted(set(i for i, t in enumerate(traces) if t) | seg_devices)
-        raise SnapshotError(f"the snapshot has no data for device {device} (it has {have or 'none'})")
+    if type(device) is not int or device < 0 or (device >= len(traces) and device not in seg_devices):
+        have = sorted({i for i, t in enumerate(traces) if t} | seg_devices)
+        raise SnapshotError(f"the snapshot has no data for device {device!r} (it has {have or 'none'})")
     return device
 
 
@@ -229,17 +347,18 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
     ev_blocks: list[int] = []
     ev_bytes: list[int] = []
     ooms: list[OOM] = []
-    steps: list[tuple[int, int, int]] = []   # (seq, reserved change so far, live change so far)
+    steps: list[tuple[int, int, int]] = []   # (seq, reserved change, live change) so far
     early: list[Block] = []             # allocated before the trace began
     context: list[list] = []            # [block id, compile_context, user_metadata]
     names: dict[int, str] = {}          # id(frames list) -> name; torch shares one list per stack
     running = reserved = implied = 0
-    next_id = 0
 
     for e in trace:
         act = e["action"]
         if act == "alloc":
             addr, size = e["addr"], e["size"]
+            if type(addr) is not int or type(size) is not int:
+                raise TypeError(f"alloc entry with addr {addr!r:.40} and size {size!r:.40}")
             seq = len(actions)
             old = live.pop(addr, None)
             if old is not None:   # its free fell outside what was recorded
@@ -257,23 +376,26 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
                     name = names[id(frames)] = frame_name(frames)
             else:
                 name = ""
-            b = Block(next_id, size, other, name, [], "", dev, None, other_phase, 0, seq, None, addr)
-            blocks[next_id] = live[addr] = b
+            bid = len(blocks)
+            b = Block(bid, size, other, name, [], "", dev, None, other_phase, 0, seq, None, addr)
+            blocks[bid] = live[addr] = b
             actions.append(ALLOC)
-            ev_blocks.append(next_id)
+            ev_blocks.append(bid)
             ev_bytes.append(size)
             running += size
-            if e.get("compile_context") or e.get("user_metadata"):
-                context.append([next_id, e.get("compile_context") or "", e.get("user_metadata") or ""])
-            next_id += 1
+            compiled, tag = e.get("compile_context"), e.get("user_metadata")
+            if (compiled and compiled != "N/A") or tag:     # torch writes "N/A" when unset
+                context.append([bid, compiled if type(compiled) is str else "",
+                                tag if type(tag) is str else ""])
         elif act == free_action:
             addr = e["addr"]
             b = live.pop(addr, None)
             if b is None:             # allocated before the trace began
-                b = Block(next_id, e["size"], other, "", [], "", dev, None, other_phase, 0, 0, None, addr)
-                blocks[next_id] = b
+                bid = len(blocks)
+                b = Block(bid, _int(e["size"], "free size"), other, "", [], "", dev, None,
+                          other_phase, 0, 0, None, _int(addr, "free address"))
+                blocks[bid] = b
                 early.append(b)
-                next_id += 1
             b.free_seq = len(actions)
             actions.append(FREE)
             ev_blocks.append(b.id)
@@ -281,34 +403,34 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
             running -= b.nbytes
         elif act == "oom":
             size = e.get("size")
+            if size is not None:
+                _int(size, "OOM size")
             ooms.append(OOM(len(actions), size, _oom_message(size, e.get("device_free"), device),
                             live_bytes=running))
             actions.append(OOM_EVENT)
             ev_blocks.append(-1)
             ev_bytes.append(size or 0)
         elif act == "segment_alloc" or act == "segment_map":
-            reserved += e["size"]
+            reserved += _int(e["size"], "segment size")
             steps.append((len(actions), reserved, running))
         elif act == "segment_free" or act == "segment_unmap":
-            reserved -= e["size"]
+            reserved -= _int(e["size"], "segment size")
             steps.append((len(actions), reserved, running))
 
     # Still allocated at the end, and never allocated in the trace: alive from the start.
     keep = (_ACTIVE,) + (_PENDING if free_action == "free_completed" else ())
-    compact = []
     for seg in segments:
-        addr = seg.get("address", 0)
+        addr = _int(seg.get("address", 0), "segment address")
         for b in seg.get("blocks") or ():
-            baddr = b.get("address", addr)
-            addr = baddr + b["size"]
+            baddr = _int(b.get("address", addr), "block address")
+            addr = baddr + _int(b["size"], "block size")
             if b.get("state") in keep and baddr not in live:
                 frames = _block_frames(b)
-                blk = Block(next_id, _block_bytes(b), other, frame_name(frames) if frames else "",
+                bid = len(blocks)
+                blk = Block(bid, _block_bytes(b), other, frame_name(frames) if frames else "",
                             [], "", dev, None, other_phase, 0, 0, None, baddr)
-                blocks[next_id] = blk
+                blocks[bid] = blk
                 early.append(blk)
-                next_id += 1
-        compact.append(_compact_segment(seg))
 
     # The early blocks' ALLOC events go first; everything traced moves up behind them.
     shift = len(early)
@@ -332,15 +454,17 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
     run.blocks = blocks
     run.ooms = ooms
     run.marks = [Mark(0, other_phase, 0)]
-    run.segments = compact
+    run.segments = [_compact_segment(seg) for seg in segments]
 
-    reserved_end = sum(s.get("total_size", 0) for s in segments)
-    allocated_end = start_bytes + running
+    # Reserved bytes: the segments give the end, segment events in the trace the changes,
+    # so the level at the start is what the end was before those changes.
+    reserved_end = sum(_int(s.get("total_size", 0), "segment size") for s in segments)
     reserved_start = reserved_end - reserved
     if reserved_start >= 0:
         run.samples = [Sample(shift, start_bytes, reserved_start)]
-        run.samples += [Sample(seq + shift, start_bytes + live, reserved_start + r) for seq, r, live in steps]
-        run.samples.append(Sample(len(run.actions), allocated_end, reserved_end))
+        run.samples += [Sample(seq + shift, start_bytes + live_change, reserved_start + change)
+                        for seq, change, live_change in steps]
+        run.samples.append(Sample(len(run.actions), start_bytes + running, reserved_end))
 
     run.device = {
         "type": "cuda", "index": device, "name": dev,
@@ -349,25 +473,23 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
         "segment_count": len(segments),
     }
     if isinstance(snapshot.get("allocator_settings"), dict):
-        run.device["allocator_settings"] = snapshot["allocator_settings"]
+        run.device["allocator_settings"] = _plain(snapshot["allocator_settings"])
 
     meta: dict[str, Any] = {
         "trace_entries": len(trace),
         "free_action": free_action,
         "blocks_before_trace": shift,
         "bytes_before_trace": start_bytes,
-        "devices": sorted(set(i for i, t in enumerate(snapshot.get("device_traces") or []) if t)
-                          | {s.get("device", 0) for s in snapshot.get("segments") or []}),
     }
     if implied:
         meta["implied_frees"] = implied
     if reserved_start < 0:
         meta["reserved_inconsistent"] = True
     if trace and "time_us" in trace[0]:
-        meta["time_us"] = [trace[0]["time_us"], trace[-1].get("time_us")]
+        meta["time_us"] = [_plain(trace[0]["time_us"], 0), _plain(trace[-1].get("time_us"), 0)]
     if context:
         meta["block_context"] = context
-    annotations = [a for a in snapshot.get("external_annotations") or ()
+    annotations = [_plain(a) for a in snapshot.get("external_annotations") or ()
                    if not isinstance(a, dict) or a.get("device", device) == device]
     if annotations:
         meta["external_annotations"] = annotations[:ANNOTATIONS_CAP]
@@ -376,35 +498,39 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
     return run
 
 
-def _oom_message(size: int | None, device_free: int | None, device: int) -> str:
+def _oom_message(size: int | None, device_free: Any, device: int) -> str:
     text = f"CUDA out of memory. Tried to allocate {format_bytes(size)}."
-    if device_free is not None:
+    if type(device_free) is int:
         text += f" GPU {device} had {format_bytes(device_free)} free."
     return text + " (from a PyTorch memory snapshot)"
 
 
 def _segment_allocated(seg: dict) -> int:
     if "allocated_size" in seg:
-        return seg["allocated_size"]
-    return sum(b["size"] for b in seg.get("blocks") or () if b.get("state") == _ACTIVE)
+        return _int(seg["allocated_size"], "segment allocated size")
+    return sum(_int(b["size"], "block size") for b in seg.get("blocks") or ()
+               if b.get("state") == _ACTIVE)
 
 
 def _compact_segment(seg: dict) -> dict[str, Any]:
     """The layout of one segment without stacks: enough to see fragmentation (where the
     free space is and its largest piece) at a small, bounded size."""
     blocks = seg.get("blocks") or []
-    free = [b["size"] for b in blocks if b.get("state") == "inactive"]
+    free = [_int(b["size"], "block size") for b in blocks if b.get("state") == "inactive"]
+    total = _int(seg.get("total_size", 0), "segment size")
     out = {
-        "address": seg.get("address"),
-        "total_size": seg.get("total_size", 0),
+        "address": _int(seg.get("address", 0), "segment address"),
+        "total_size": total,
         "allocated_size": _segment_allocated(seg),
-        "stream": seg.get("stream", 0),
-        "segment_type": seg.get("segment_type") or ("large" if seg.get("total_size", 0) > 2**21 else "small"),
+        "stream": _plain(seg.get("stream", 0), 0),
+        "segment_type": seg.get("segment_type") if seg.get("segment_type") in ("small", "large")
+        else ("large" if total > 2**21 else "small"),
         "inactive_size": sum(free),
         "largest_inactive": max(free, default=0),
-        "blocks": [{"size": b["size"], "state": b.get("state")} for b in blocks[:SEGMENT_BLOCKS_CAP]],
+        "blocks": [{"size": b["size"], "state": _plain(b.get("state"), 0)}
+                   for b in blocks[:SEGMENT_BLOCKS_CAP]],
     }
-    if seg.get("is_expandable"):
+    if seg.get("is_expandable") is True:
         out["is_expandable"] = True
     if len(blocks) > SEGMENT_BLOCKS_CAP:
         out["blocks_omitted"] = len(blocks) - SEGMENT_BLOCKS_CAP
