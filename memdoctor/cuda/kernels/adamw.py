@@ -49,6 +49,7 @@ module is imported) also runs on CPU tensors, slowly: the tests use that.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any, Iterable
 
@@ -79,13 +80,18 @@ _STATE_CODE = {"fp32": 0, "bf16": 1, "int8": 2}
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_FAST_OK = True     # False once the vectorized variant failed to compile here
+log = logging.getLogger("memdoctor")
 
 # (BLOCK, CHUNK, num_warps) per state mode: BLOCK elements per loop iteration, CHUNK
-# elements per program. The benchmark can override these.
+# elements per program. Picked from benchmarks/fused_adamw.py's sweeps on an H200 (torch
+# 2.11, triton 3.6): within a few % of the best at 124M and 355M parameters in the runs
+# that were not disturbed by the timing noise of that benchmark's first version; the
+# benchmark can override them.
 CONFIGS: dict[str, tuple[int, int, int]] = {
-    "fp32": (1024, 16384, 4),
-    "bf16": (1024, 16384, 4),
-    "int8": (2048, 16384, 8),
+    "fp32": (1024, 8192, 4),
+    "bf16": (1024, 8192, 4),
+    "int8": (1024, 8192, 4),
 }
 _INTERPRET_CONFIG = (4096, 4096, 1)   # few, large blocks: the interpreter pays per op
 
@@ -147,13 +153,16 @@ def _tensor_base(seed_step: int, salt: int) -> int:
 
 
 def _round_bf16(x: torch.Tensor, r16: torch.Tensor | None) -> torch.Tensor:
-    """fp32 -> bf16: stochastic with 16 random bits `r16`, to nearest without."""
+    """fp32 -> bf16: stochastic with 16 random bits `r16` (int32), to nearest without.
+
+    On the int32 view: adding r16 and shifting right by 16 keeps the same top 16 bits as
+    the unsigned sum would, for negative values too; only NaN patterns can wrap, and
+    non-finite values are rounded plainly.
+    """
     if r16 is None:
         return x.to(torch.bfloat16)
-    bits = x.view(torch.int32).to(torch.int64) & _M32
-    bits = (bits + r16) >> 16
-    bits = torch.where(bits >= 32768, bits - 65536, bits).to(torch.int16)
-    return torch.where(torch.isfinite(x), bits.view(torch.bfloat16), x.to(torch.bfloat16))
+    y = ((x.view(torch.int32) + r16) >> 16).to(torch.int16).view(torch.bfloat16)
+    return torch.where(torch.isfinite(x), y, x.to(torch.bfloat16))
 
 
 _INV127SQ = 1.0 / (127.0 * 127.0)
@@ -176,15 +185,15 @@ def _quant_m(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 [nb, QB] -> (int8 codes, fp32 absmax per block)."""
     scale = m.abs().amax(dim=1)
     inv = torch.where(scale > 0, 1.0 / scale.clamp_min(_FLT_MIN), torch.zeros_like(scale))
-    y = (m.abs() * inv[:, None]).sqrt() * 127.0 + 0.5
-    return torch.where(m < 0, -y, y).trunc().to(torch.int8), scale
+    y = (m.abs() * inv[:, None]).sqrt_().mul_(127.0).add_(0.5)
+    return torch.copysign(y, m).to(torch.int8), scale      # the cast truncates toward 0
 
 
 def _quant_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = v.amax(dim=1)
     inv = torch.where(scale > 0, 1.0 / scale.clamp_min(_FLT_MIN), torch.zeros_like(scale))
-    y = (v * inv[:, None]).sqrt().sqrt() * 255.0 + 0.5
-    return y.trunc().to(torch.uint8), scale
+    y = (v * inv[:, None]).sqrt_().sqrt_().mul_(255.0).add_(0.5)
+    return y.to(torch.uint8), scale
 
 
 def _pad_blocks(x: torch.Tensor, nb: int) -> torch.Tensor:
@@ -269,8 +278,8 @@ def _reference_update(p: torch.Tensor, g: torch.Tensor, state: dict, h: _Hyper, 
         else:
             if mode == "bf16":
                 r = _random_bits(a, b, tbase, p.device)
-                m_all[a:b].copy_(_round_bf16(m, r & 0xFFFF))
-                v_all[a:b].copy_(_round_bf16(v, r >> 16))
+                m_all[a:b].copy_(_round_bf16(m, (r & 0xFFFF).to(torch.int32)))
+                v_all[a:b].copy_(_round_bf16(v, (r >> 16).to(torch.int32)))
                 del r
             if pw is not pc:
                 pc.copy_(pw)
@@ -335,47 +344,63 @@ if HAVE_TRITON:
         return p, m, v
 
     @triton.jit
+    def _ld(ptrs, mask, MASKED: tl.constexpr):
+        if MASKED:
+            x = tl.load(ptrs, mask=mask, other=0)
+        else:
+            x = tl.load(ptrs)
+        return x
+
+    @triton.jit
+    def _st(ptrs, value, mask, MASKED: tl.constexpr):
+        if MASKED:
+            tl.store(ptrs, value, mask=mask)
+        else:
+            tl.store(ptrs, value)
+
+    @triton.jit
     def _update_1d(p_ptr, g_ptr, m_ptr, v_ptr, offs, mask, tbase,
                    lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
-                   P_CODE: tl.constexpr, STATE: tl.constexpr, DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr):
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                   P_CODE: tl.constexpr, STATE: tl.constexpr, DECOUPLED: tl.constexpr,
+                   MAXIMIZE: tl.constexpr, MASKED: tl.constexpr):
+        p = _ld(p_ptr + offs, mask, MASKED).to(tl.float32)
+        g = _ld(g_ptr + offs, mask, MASKED).to(tl.float32)
+        m = _ld(m_ptr + offs, mask, MASKED).to(tl.float32)
+        v = _ld(v_ptr + offs, mask, MASKED).to(tl.float32)
         p, m, v = _adam_math(p, g, m, v, lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
                              DECOUPLED, MAXIMIZE)
-        tl.store(p_ptr + offs, _cast_param(p, P_CODE), mask=mask)
+        _st(p_ptr + offs, _cast_param(p, P_CODE), mask, MASKED)
         if STATE == 1:
             r = _mix32_k(((offs & 0xFFFFFFFF) * 0x2C1B3C6D + tbase) & 0xFFFFFFFF)
-            tl.store(m_ptr + offs, _sr_bf16_k(m, r & 0xFFFF), mask=mask)
-            tl.store(v_ptr + offs, _sr_bf16_k(v, r >> 16), mask=mask)
+            _st(m_ptr + offs, _sr_bf16_k(m, r & 0xFFFF), mask, MASKED)
+            _st(v_ptr + offs, _sr_bf16_k(v, r >> 16), mask, MASKED)
         else:
-            tl.store(m_ptr + offs, m, mask=mask)
-            tl.store(v_ptr + offs, v, mask=mask)
+            _st(m_ptr + offs, m, mask, MASKED)
+            _st(v_ptr + offs, v, mask, MASKED)
 
     @triton.jit
     def _update_q8(p_ptr, g_ptr, m_ptr, v_ptr, ms_ptr, vs_ptr, base, n,
                    lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
                    P_CODE: tl.constexpr, DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr,
-                   NB: tl.constexpr, QB: tl.constexpr):
+                   NB: tl.constexpr, QB: tl.constexpr, MASKED: tl.constexpr):
         rows = tl.arange(0, NB)
         offs = base + rows[:, None] * QB + tl.arange(0, QB)[None, :]
         mask = offs < n
         blk = base // QB + rows
         bmask = blk * QB < n
-        sm = tl.load(ms_ptr + blk, mask=bmask, other=0.0)
-        sv = tl.load(vs_ptr + blk, mask=bmask, other=0.0)
-        qm = tl.load(m_ptr + offs, mask=mask, other=0).to(tl.float32)
-        qv = tl.load(v_ptr + offs, mask=mask, other=0).to(tl.float32)
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        sm = _ld(ms_ptr + blk, bmask, MASKED)
+        sv = _ld(vs_ptr + blk, bmask, MASKED)
+        qm = _ld(m_ptr + offs, mask, MASKED).to(tl.float32)
+        qv = _ld(v_ptr + offs, mask, MASKED).to(tl.float32)
+        p = _ld(p_ptr + offs, mask, MASKED).to(tl.float32)
+        g = _ld(g_ptr + offs, mask, MASKED).to(tl.float32)
         m = qm * tl.abs(qm) * (sm * (1.0 / 16129.0))[:, None]
         t = qv * (1.0 / 255.0)
         t = t * t
         v = t * t * sv[:, None]
         p, m, v = _adam_math(p, g, m, v, lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
                              DECOUPLED, MAXIMIZE)
-        tl.store(p_ptr + offs, _cast_param(p, P_CODE), mask=mask)
+        _st(p_ptr + offs, _cast_param(p, P_CODE), mask, MASKED)
         am = tl.abs(m)
         nsm = tl.max(am, axis=1)
         nsv = tl.max(v, axis=1)
@@ -385,20 +410,26 @@ if HAVE_TRITON:
         qm_new = tl.where(m < 0, -ym, ym).to(tl.int32)      # truncation: round half away from 0
         yv = tl.sqrt(tl.sqrt(v * iv[:, None])) * 255.0 + 0.5
         qv_new = yv.to(tl.int32)
-        tl.store(m_ptr + offs, qm_new.to(tl.int8), mask=mask)
-        tl.store(v_ptr + offs, qv_new.to(tl.uint8), mask=mask)
-        tl.store(ms_ptr + blk, nsm, mask=bmask)
-        tl.store(vs_ptr + blk, nsv, mask=bmask)
+        _st(m_ptr + offs, qm_new.to(tl.int8), mask, MASKED)
+        _st(v_ptr + offs, qv_new.to(tl.uint8), mask, MASKED)
+        _st(ms_ptr + blk, nsm, bmask, MASKED)
+        _st(vs_ptr + blk, nsv, bmask, MASKED)
 
     @triton.jit
     def _adamw_multi_kernel(table, N, chunks, C, seed_step,
                             lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
                             P_CODE: tl.constexpr, G_CODE: tl.constexpr, STATE: tl.constexpr,
                             DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr,
-                            CHUNK: tl.constexpr, BLOCK: tl.constexpr, QB: tl.constexpr):
+                            CHUNK: tl.constexpr, BLOCK: tl.constexpr, QB: tl.constexpr,
+                            FAST: tl.constexpr):
         """One program per chunk. table: int64 [8, N] = rows of addresses of parameters,
         gradients, exp_avg, exp_avg_sq, their two scales (int8), then numel and salt.
-        chunks: int64 [2, C] = tensor index and start offset of each chunk."""
+        chunks: int64 [2, C] = tensor index and start offset of each chunk.
+
+        FAST (every address 16-byte aligned, checked on the host): the chunk's whole
+        blocks run without masks and with alignment hints, so that loads and stores are
+        vectorized; only a tensor's last, partial block is masked. Without FAST every
+        block is masked (the compiler cannot see that table addresses are aligned)."""
         pid = tl.program_id(0)
         t = tl.load(chunks + pid)
         start = tl.load(chunks + C + pid)
@@ -411,27 +442,62 @@ if HAVE_TRITON:
             v_ptr = tl.load(table + 3 * N + t).to(tl.pointer_type(tl.uint8))
             ms_ptr = tl.load(table + 4 * N + t).to(tl.pointer_type(tl.float32))
             vs_ptr = tl.load(table + 5 * N + t).to(tl.pointer_type(tl.float32))
-            for i in range(0, end, BLOCK):
-                _update_q8(p_ptr, g_ptr, m_ptr, v_ptr, ms_ptr, vs_ptr, start + i, n,
-                           lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
-                           P_CODE, DECOUPLED, MAXIMIZE, BLOCK // QB, QB)
+        elif STATE == 1:
+            m_ptr = tl.load(table + 2 * N + t).to(tl.pointer_type(tl.bfloat16))
+            v_ptr = tl.load(table + 3 * N + t).to(tl.pointer_type(tl.bfloat16))
+            ms_ptr = m_ptr
+            vs_ptr = v_ptr
         else:
-            if STATE == 1:
-                m_ptr = tl.load(table + 2 * N + t).to(tl.pointer_type(tl.bfloat16))
-                v_ptr = tl.load(table + 3 * N + t).to(tl.pointer_type(tl.bfloat16))
-            else:
-                m_ptr = tl.load(table + 2 * N + t).to(tl.pointer_type(tl.float32))
-                v_ptr = tl.load(table + 3 * N + t).to(tl.pointer_type(tl.float32))
-            salt = tl.load(table + 7 * N + t)
-            tbase = _mix32_k(seed_step ^ ((salt & 0xFFFFFFFF) * 0x5BD1E995 & 0xFFFFFFFF))
+            m_ptr = tl.load(table + 2 * N + t).to(tl.pointer_type(tl.float32))
+            v_ptr = tl.load(table + 3 * N + t).to(tl.pointer_type(tl.float32))
+            ms_ptr = m_ptr
+            vs_ptr = v_ptr
+        salt = tl.load(table + 7 * N + t)
+        tbase = _mix32_k(seed_step ^ ((salt & 0xFFFFFFFF) * 0x5BD1E995 & 0xFFFFFFFF))
+        if FAST:
+            p_ptr = tl.multiple_of(p_ptr, 16)
+            g_ptr = tl.multiple_of(g_ptr, 16)
+            m_ptr = tl.multiple_of(m_ptr, 16)
+            v_ptr = tl.multiple_of(v_ptr, 16)
+            ms_ptr = tl.multiple_of(ms_ptr, 16)
+            vs_ptr = tl.multiple_of(vs_ptr, 16)
+            whole = end // BLOCK
+            for j in range(0, whole):
+                base = tl.multiple_of(start + j * BLOCK, BLOCK)
+                if STATE == 2:
+                    _update_q8(p_ptr, g_ptr, m_ptr, v_ptr, ms_ptr, vs_ptr, base, n,
+                               lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
+                               P_CODE, DECOUPLED, MAXIMIZE, BLOCK // QB, QB, False)
+                else:
+                    offs = base + tl.arange(0, BLOCK)
+                    _update_1d(p_ptr, g_ptr, m_ptr, v_ptr, offs, offs < n, tbase,
+                               lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
+                               P_CODE, STATE, DECOUPLED, MAXIMIZE, False)
+            if whole * BLOCK < end:
+                base = start + whole * BLOCK
+                if STATE == 2:
+                    _update_q8(p_ptr, g_ptr, m_ptr, v_ptr, ms_ptr, vs_ptr, base, n,
+                               lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
+                               P_CODE, DECOUPLED, MAXIMIZE, BLOCK // QB, QB, True)
+                else:
+                    offs = base + tl.arange(0, BLOCK)
+                    _update_1d(p_ptr, g_ptr, m_ptr, v_ptr, offs, offs < n, tbase,
+                               lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
+                               P_CODE, STATE, DECOUPLED, MAXIMIZE, True)
+        else:
             for i in range(0, end, BLOCK):
-                offs = start + i + tl.arange(0, BLOCK)
-                _update_1d(p_ptr, g_ptr, m_ptr, v_ptr, offs, offs < n, tbase,
-                           lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
-                           P_CODE, STATE, DECOUPLED, MAXIMIZE)
+                if STATE == 2:
+                    _update_q8(p_ptr, g_ptr, m_ptr, v_ptr, ms_ptr, vs_ptr, start + i, n,
+                               lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
+                               P_CODE, DECOUPLED, MAXIMIZE, BLOCK // QB, QB, True)
+                else:
+                    offs = start + i + tl.arange(0, BLOCK)
+                    _update_1d(p_ptr, g_ptr, m_ptr, v_ptr, offs, offs < n, tbase,
+                               lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
+                               P_CODE, STATE, DECOUPLED, MAXIMIZE, True)
 
     @triton.jit
-    def _adamw_one_kernel(p_ptr, g_ptr, m_ptr, v_ptr, ms_ptr, vs_ptr, n, salt, seed_step,
+    def _adamw_one_kernel(p_ptr, g_ptr, m_ptr, v_ptr, ms_ptr, vs_ptr, n, tbase,
                           lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
                           P_CODE: tl.constexpr, STATE: tl.constexpr, DECOUPLED: tl.constexpr,
                           MAXIMIZE: tl.constexpr,
@@ -443,14 +509,13 @@ if HAVE_TRITON:
             for i in range(0, end, BLOCK):
                 _update_q8(p_ptr, g_ptr, m_ptr, v_ptr, ms_ptr, vs_ptr, start + i, n,
                            lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
-                           P_CODE, DECOUPLED, MAXIMIZE, BLOCK // QB, QB)
+                           P_CODE, DECOUPLED, MAXIMIZE, BLOCK // QB, QB, True)
         else:
-            tbase = _mix32_k(seed_step ^ ((salt & 0xFFFFFFFF) * 0x5BD1E995 & 0xFFFFFFFF))
             for i in range(0, end, BLOCK):
                 offs = start + i + tl.arange(0, BLOCK)
                 _update_1d(p_ptr, g_ptr, m_ptr, v_ptr, offs, offs < n, tbase,
                            lr_decay, l2, omb1, beta2, omb2, eps, step_size, bc2_sqrt,
-                           P_CODE, STATE, DECOUPLED, MAXIMIZE)
+                           P_CODE, STATE, DECOUPLED, MAXIMIZE, True)
 
 
 def _config(mode: str) -> tuple[int, int, int]:
@@ -496,7 +561,8 @@ class _Bucket:
         self.n = n
         self.c = index.numel()
         self.grad_ptrs: list[int] | None = None
-        self.grad_dtype: torch.dtype | None = None
+        self.aligned = all(a % 16 == 0 for row in rows[:6] for a in row)
+        self.grads_aligned = False
 
     def set_grads(self, grads: list[torch.Tensor]) -> None:
         ptrs = [g.data_ptr() for g in grads]
@@ -506,17 +572,29 @@ class _Bucket:
                 row = row.pin_memory()
             self.table[1].copy_(row, non_blocking=True)
             self.grad_ptrs = ptrs
+            self.grads_aligned = all(a % 16 == 0 for a in ptrs)
         self.g_code = _DTYPE_CODE[grads[0].dtype]
 
     def launch(self, h: _Hyper, decoupled: bool, maximize: bool) -> None:
+        global _FAST_OK
         block, chunk, warps = _config(self.mode)
+        fast = _FAST_OK and self.aligned and self.grads_aligned
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
-            _adamw_multi_kernel[(self.c,)](
-                self.table, self.n, self.chunks, self.c, h.seed_step, *_scalars(h),
-                P_CODE=self.p_code, G_CODE=self.g_code, STATE=_STATE_CODE[self.mode],
-                DECOUPLED=decoupled, MAXIMIZE=maximize, CHUNK=chunk, BLOCK=block, QB=QBLOCK,
-                num_warps=warps,
-            )
+            while True:
+                try:
+                    _adamw_multi_kernel[(self.c,)](
+                        self.table, self.n, self.chunks, self.c, h.seed_step, *_scalars(h),
+                        P_CODE=self.p_code, G_CODE=self.g_code, STATE=_STATE_CODE[self.mode],
+                        DECOUPLED=decoupled, MAXIMIZE=maximize, CHUNK=chunk, BLOCK=block, QB=QBLOCK,
+                        FAST=fast, num_warps=warps,
+                    )
+                    return
+                except Exception as exc:   # a compiler that rejects the hints: plain masked blocks
+                    if not fast:
+                        raise
+                    _FAST_OK = fast = False
+                    log.warning("memdoctor: FusedAdamW's vectorized kernel did not compile (%s); "
+                                "using the masked one", exc)
 
 
 def _launch_one(p: torch.Tensor, g: torch.Tensor, state: dict, h: _Hyper, mode: str, salt: int) -> None:
@@ -527,7 +605,7 @@ def _launch_one(p: torch.Tensor, g: torch.Tensor, state: dict, h: _Hyper, mode: 
     n = p.numel()
     with torch.cuda.device(p.device) if p.device.type == "cuda" else contextlib.nullcontext():
         _adamw_one_kernel[(triton.cdiv(n, chunk),)](
-            p, g, m, v, ms, vs, n, salt, h.seed_step, *_scalars(h),
+            p, g, m, v, ms, vs, n, _tensor_base(h.seed_step, salt), *_scalars(h),
             P_CODE=_DTYPE_CODE[p.dtype], STATE=_STATE_CODE[mode], DECOUPLED=h.decoupled,
             MAXIMIZE=h.maximize,
             CHUNK=chunk, BLOCK=block, QB=QBLOCK, num_warps=warps,
@@ -616,9 +694,9 @@ class FusedAdamW(torch.optim.Optimizer):
             state["step"] = step.detach().to("cpu", torch.float32)
 
     def _use_triton(self, p: torch.Tensor) -> bool:
-        if self.backend == "torch" or not triton_usable(p.device):
+        if self.backend == "torch" or not HAVE_TRITON:
             return False
-        if self.backend == "auto" and p.device.type != "cuda":
+        if p.device.type != "cuda" and not (INTERPRET and self.backend == "triton"):
             return False
         return p.dtype in _DTYPE_CODE and p.is_contiguous()
 
