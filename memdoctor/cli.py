@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--run", metavar="FILE", help="a saved *.memrun.json.gz run")
     p.add_argument("-o", "--output", metavar="RUN", help="also save the traced run here")
     p.add_argument("--report", metavar="HTML", help="also write an HTML report here")
+    p.add_argument("--try", dest="try_fix", metavar="FIX",
+                   help="with SCRIPT: run it again with a remedy injected, no edit to it, and show before and "
+                        "after: bf16, fp16, ckpt=full|selective|N, opt=fused, alloc=expandable_segments "
+                        "(-o then saves the after run; --report shows both)")
 
     p = sub.add_parser("explain", help="what a rule detects, why it runs out of memory, and the fix")
     p.add_argument("rule", nargs="?", help="a rule id; without one, list them")
@@ -61,6 +65,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN", help="a saved *.memrun.json.gz run")
     p.add_argument("run2", nargs="?", metavar="RUN2", help="a second run, shown as after, with RUN as before")
     p.add_argument("-o", "--output", metavar="HTML", help="where to write the report (default: STEM.html)")
+
+    p = sub.add_parser("estimate", help="predict the peak GPU memory of a configuration without running it",
+                       epilog="SCRIPT must define build() returning (model, optimizer, batch, loss_fn) or a dict "
+                              "with those keys; arguments after -- are passed to it as sys.argv")
+    p.add_argument("script", nargs="?", help="a script with build(), instead of --model")
+    p.add_argument("--model", metavar="NAME", help="a known model: gpt2-124m, gpt2-355m, gpt2-774m, gpt2-1.5b, "
+                   "bert-base, bert-large, llama-1b, resnet50, vit-b16")
+    p.add_argument("--batch", type=int, default=8, help="samples per step (default 8)")
+    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--image-size", type=int, help="image size for resnet50")
+    p.add_argument("--precision", choices=("bf16", "fp16", "bf16-true"), help="autocast, or bf16 weights")
+    p.add_argument("--checkpointing", metavar="MODE", help="full, selective or a number of blocks")
+    p.add_argument("--micro-batch", metavar="N", help="samples per micro-batch (gradient accumulation)")
+    p.add_argument("--optimizer", default="adamw", help="adamw (default), adam, sgd, adafactor; or an optimizer "
+                   "remedy on AdamW: fused, adamw-8bit, adamw-bf16, in-backward")
+    p.add_argument("--plan", metavar="PLAN", help="a plan string, e.g. bf16,ckpt=full,micro=2")
+    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks (DDP, or ZeRO with --zero)")
+    p.add_argument("--zero", type=int, choices=(1, 2, 3), help="ZeRO stage over --world-size ranks")
+    p.add_argument("--budget", type=_size, metavar="SIZE", help="the allocator's limit, e.g. 16GiB "
+                   "(the CUDA context comes on top)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="the device to predict for")
+    p.add_argument("--anchors", action="store_true",
+                   help="also show torch MemTracker's, DeepSpeed's and accelerate's figures (slower)")
+    p.add_argument("-o", "--output", metavar="RUN", help="also save the predicted run here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser
 
 
@@ -129,6 +158,8 @@ def cmd_diagnose(ns) -> int:
     given = [x for x in (ns.script, ns.log, ns.snapshot, ns.run) if x]
     if len(given) != 1:
         raise UsageError("give exactly one of: SCRIPT, --log FILE, --snapshot FILE, --run FILE")
+    if getattr(ns, "try_fix", None) is not None:
+        return _diagnose_try(ns)
     if ns.log:
         return _diagnose_log(ns)
     from .report.json import diagnosis_json, dumps
@@ -160,6 +191,46 @@ def cmd_diagnose(ns) -> int:
         from .report.text import print_diagnosis
         print_diagnosis(findings, facts)
     return code
+
+
+def _diagnose_try(ns) -> int:
+    """SCRIPT as written and with --try FIX injected, side by side; exit as the after run."""
+    from .remedies.inject import FixError, compare, comparison_json, comparison_lines, parse_fix, summary
+    if not ns.script:
+        raise UsageError("--try needs a SCRIPT to run again")
+    try:
+        fix = parse_fix(ns.try_fix)
+    except FixError as exc:
+        raise UsageError(str(exc)) from None
+    _check_script(ns.script)
+    from .report.json import dumps
+    from .rules import diagnose, facts_from_run
+    try:
+        with contextlib.redirect_stdout(sys.stderr if ns.json else sys.stdout):
+            tried = compare(ns.script, _script_argv(ns), fix, budget=ns.budget, source=ns.source)
+    except FixError as exc:
+        raise UsageError(str(exc)) from None
+    sides = []
+    for run in (tried.before, tried.after):
+        facts = facts_from_run(run)
+        sides.append((run, facts, diagnose(facts)))
+    data = comparison_json(tried, summary(*sides[0]), summary(*sides[1]), ns.budget)
+    if ns.output:
+        tried.after.save(ns.output)
+    if ns.report:
+        try:
+            from .report.html import write_report
+            write_report(ns.report, tried.before, findings=sides[0][2], facts=sides[0][1], other_run=tried.after)
+        except ImportError as exc:
+            print(f"memdoctor: no HTML report: {exc}", file=sys.stderr)
+    if ns.json:
+        print(dumps(data))
+    else:
+        print("\n".join(comparison_lines(data, ns.script)))
+    after = data["after"]
+    if after["oom"]:
+        return EXIT_OOM
+    return EXIT_OK if after["exit_code"] in (0, None) else EXIT_SCRIPT_FAILED
 
 
 def _write_report(run, findings, facts, path: str) -> None:
@@ -257,8 +328,39 @@ def cmd_report(ns) -> int:
     return EXIT_OK
 
 
+def cmd_estimate(ns) -> int:
+    if ns.script and ns.model:
+        raise UsageError("give a SCRIPT or --model, not both")
+    if not ns.script and not ns.model:
+        raise UsageError("give --model NAME or a SCRIPT with build(); known models: gpt2-124m, gpt2-355m, "
+                         "gpt2-774m, gpt2-1.5b, bert-base, bert-large, llama-1b, resnet50, vit-b16")
+    if ns.script:
+        _check_script(ns.script)
+    from .estimate import estimate_config
+    from .report.json import dumps
+    try:
+        stream = sys.stderr if ns.json else sys.stdout
+        with contextlib.redirect_stdout(stream):
+            est = estimate_config(
+                ns.model, ns.script, _script_argv(ns), batch=ns.batch, seq=ns.seq, image_size=ns.image_size,
+                precision=ns.precision, checkpointing=ns.checkpointing, micro_batch=ns.micro_batch,
+                optimizer=ns.optimizer, plan=ns.plan, world_size=ns.world_size, zero=ns.zero,
+                budget=ns.budget, device=ns.device, anchors=ns.anchors)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if ns.output:
+        est.run.save(ns.output)
+    if ns.json:
+        print(dumps(est.to_dict()))
+    else:
+        print("\n".join(est.text_lines()))
+        if ns.output:
+            print(f"predicted run saved to {ns.output}")
+    return EXIT_OOM if est.fits is False else EXIT_OK
+
+
 COMMANDS = {"trace": cmd_trace, "diagnose": cmd_diagnose, "explain": cmd_explain, "tui": cmd_tui,
-            "report": cmd_report}
+            "report": cmd_report, "estimate": cmd_estimate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,11 +19,23 @@ What the estimate cannot see (noted in Estimate.notes where it applies): memory 
 kernels allocate internally through the allocator and free before returning (cuDNN
 convolution workspaces, flash-attention backward's accumulators, sort/cub scratch), NCCL
 buffers, and other processes.
+
+Plans (memdoctor.remedies.prepare) on fake tensors: precision (bf16/fp16 autocast,
+bf16-true master weights), checkpointing (full, selective, N blocks), micro-batches and the
+fused-optimizer swap run as they would on a GPU. What cannot run on fake tensors, and what
+the estimate does instead:
+- Prepared.step returns the loss as a float (`.item()`, data a fake tensor does not have):
+  `train_step` below runs the same step without reading it;
+- fp16's GradScaler.step reads its inf check with `.item()`: estimated as a step that did
+  not overflow (unscale_, step, update);
+- micro=auto halves the micro-batch on a real OOM: estimated with the whole batch;
+- zero=N needs a process group: applied in the replay (a rank's shards, see _distributed);
+- optimizer swaps whose kernels are Triton or CUDA code that cannot take fake tensors fail
+  with an EstimateError naming the plan.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import time
@@ -39,7 +51,7 @@ from .attribution import breakdown_at, live_blocks
 from .remedies.plan import Plan
 from .run import Action, Block, CATEGORIES, Category, Run
 
-__all__ = ["Estimate", "estimate", "estimate_built", "train_step", "anchors", "CUDA_CONTEXT_BYTES",
+__all__ = ["Estimate", "EstimateError", "estimate", "estimate_built", "train_step", "anchors", "CUDA_CONTEXT_BYTES",
            "cublas_workspace_bytes", "CUBLASLT_WORKSPACE_BYTES"]
 
 # The CUDA context (driver state, kernel images of the loaded modules, cuBLAS/cuDNN handles'
@@ -129,11 +141,77 @@ class Estimate:
     allocator: dict = field(default_factory=dict)
     anchors: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
+    config: dict = field(default_factory=dict)
 
     @property
     def device_bytes_needed(self) -> int:
         """What the device must hold: the reserved peak plus the CUDA context."""
         return self.peak_reserved_bytes + (self.cuda_context_bytes if self.device == "cuda" else 0)
+
+    def text_lines(self) -> list[str]:
+        """The estimate for people: the two peaks, the context apart, the breakdown at the
+        peak, the budget verdict, the anchors and the notes."""
+        from .units import format_bytes as fb
+        cfg = self.config
+        what = cfg.get("model") or os.path.basename(cfg.get("script") or "") or "model"
+        shape = [f"batch {cfg['batch']}"] if cfg.get("batch") else []
+        if cfg.get("seq"):
+            shape.append(f"seq {cfg['seq']}")
+        if cfg.get("image_size"):
+            shape.append(f"{cfg['image_size']}px")
+        if cfg.get("optimizer"):
+            shape.append(cfg["optimizer"])
+        shape.append(f"plan {self.plan}")
+        if self.world_size > 1:
+            shape.append(f"world size {self.world_size}")
+        lines = [f"estimate for {what} ({', '.join(shape)}); {self.params / 1e6:,.1f}M parameters; "
+                 f"{self.device}, simulated on {self.simulated_on}", ""]
+        lines.append(f"  predicted peak allocated  {fb(self.peak_allocated_bytes):>12}   "
+                     "(torch.cuda.max_memory_allocated)")
+        lines.append(f"  predicted peak reserved   {fb(self.peak_reserved_bytes):>12}   "
+                     "(torch.cuda.max_memory_reserved)")
+        if self.device == "cuda":
+            lines.append(f"  CUDA context, apart       {fb(self.cuda_context_bytes):>12}   "
+                         f"(not in either peak; the device needs about {fb(self.device_bytes_needed)})")
+        lines.append(f"  peak during the {self.peak_phase} phase of step {self.peak_step + 1}")
+        lines.append("")
+        lines.append("  at the peak           bytes   share")
+        total = max(sum(self.breakdown.values()), 1)
+        for cat, n in sorted(self.breakdown.items(), key=lambda kv: -kv[1]):
+            if n:
+                lines.append(f"    {cat:<16}{fb(n):>11}   {100 * n / total:4.0f}%")
+        if self.budget_bytes is not None:
+            lines.append("")
+            if self.fits:
+                lines.append(f"  budget {fb(self.budget_bytes)}: fits (the allocator's limit, as trace --budget; "
+                             f"headroom {fb(self.budget_bytes - self.peak_reserved_bytes)} over the reserved peak)"
+                             if self.budget_bytes >= self.peak_reserved_bytes else
+                             f"  budget {fb(self.budget_bytes)}: fits, once cached blocks are released near the limit")
+            else:
+                where = self.oom or {}
+                lines.append(f"  budget {fb(self.budget_bytes)}: does NOT fit: the allocator would run out "
+                             f"allocating {fb(where.get('requested_bytes'))} in the {where.get('phase', '?')} phase "
+                             f"of step {where.get('step', 0) + 1}"
+                             + (f" ({where['tensor']})" if where.get("tensor") else ""))
+        if self.anchors:
+            lines.append("")
+            lines.append("  what other rules say")
+            labels = {"memtracker_peak_bytes": "torch MemTracker (FakeTensorMode)",
+                      "deepspeed_zero2_model_states_bytes": "DeepSpeed ZeRO-2 model states",
+                      "accelerate_adam_x4_bytes": "accelerate: model size x 4 (Adam)",
+                      "model_states_16_bytes_per_param": "16 bytes a parameter"}
+            for key, label in labels.items():
+                if key in self.anchors:
+                    value = self.anchors[key]
+                    lines.append(f"    {label:<36}{fb(value) if value is not None else 'failed':>12}")
+            if self.anchors.get("memtracker_error"):
+                lines.append(f"    (MemTracker: {self.anchors['memtracker_error']})")
+        if self.notes:
+            lines.append("")
+            lines.append("  notes")
+            for note in self.notes:
+                lines.append(f"    - {note}")
+        return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -161,6 +239,7 @@ class Estimate:
             "simulated_on": self.simulated_on,
             "allocator": self.allocator,
             "anchors": self.anchors,
+            "config": self.config,
             "notes": self.notes,
             "elapsed_s": round(self.elapsed_s, 3),
         }
@@ -218,6 +297,17 @@ def _cuda_built() -> bool:
         return torch.backends.cuda.is_built() and torch.version.cuda is not None
     except Exception:
         return False
+
+
+def _local_gpu_is_sm90() -> bool:
+    """Whether cuBLAS would take Hopper's workspace here: this machine's GPU is sm_90, or
+    there is no GPU (the estimate then speaks for an H100/H200)."""
+    try:
+        if torch.cuda.is_available():
+            return tuple(torch.cuda.get_device_capability()) == (9, 0)
+    except Exception:
+        pass
+    return True
 
 
 class _CpuForCuda(torch.overrides.TorchFunctionMode):
@@ -320,11 +410,14 @@ def estimate(model_fn: Callable[[], nn.Module],
       turned into fake ones on `device`).
     loss_fn(model, batch): the mean loss of a batch.
     plan: a memdoctor Plan (or its string, "bf16,ckpt=full,micro=2"), applied with
-      memdoctor.remedies.prepare to the fake model; zero=N is applied analytically.
-    Options: world_size (ZeRO/DDP, analytic), budget (bytes: the allocator's limit, as
-      `memdoctor trace --budget`; the CUDA context is outside it), steps (default 2),
-      cuda_context_bytes, sm90 (cuBLAS workspace size of Hopper, default True),
-      allocator_conf (a PYTORCH_CUDA_ALLOC_CONF string), anchors (also compute the anchors).
+      memdoctor.remedies.prepare to the fake model; zero=N is applied in the replay (one
+      rank's shards).
+    Options: world_size (ranks: DDP buckets, or ZeRO shards with plan zero=N), budget
+      (bytes: the allocator's limit, as `memdoctor trace --budget`; the CUDA context is
+      outside it), steps (default 2), cuda_context_bytes (default CUDA_CONTEXT_BYTES),
+      sm90 (Hopper's 32 MiB cuBLAS workspace; default: this machine's GPU if it has one,
+      else True), allocator_conf (a PYTORCH_CUDA_ALLOC_CONF string; default the
+      environment's), anchors (also compute what other tools say: slower).
     """
     if isinstance(model_fn, nn.Module):
         raise TypeError("estimate() needs a function that builds the model (model_fn), not a built "
@@ -347,7 +440,7 @@ def estimate(model_fn: Callable[[], nn.Module],
 
 def estimate_built(build: Callable, plan: Plan | str | None = None, device: str = "cuda", *,
                    world_size: int = 1, budget: int | None = None, steps: int = 2,
-                   cuda_context_bytes: int | None = None, sm90: bool = True,
+                   cuda_context_bytes: int | None = None, sm90: bool | None = None,
                    allocator_conf: str | None = None, anchors: bool = False) -> Estimate:
     """estimate() for a `build(fake_mode, device)` returning (model, optimizer, batch, loss_fn),
     or a dict with those keys; a build() taking no arguments is called without them."""
@@ -361,6 +454,8 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     if target not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', not {device!r}")
     notes: list[str] = []
+    if sm90 is None:
+        sm90 = _local_gpu_is_sm90()
     on_cpu_for_cuda = target == "cuda" and not _cuda_built()
     sim = "cpu" if on_cpu_for_cuda else target
     if on_cpu_for_cuda:
@@ -378,27 +473,38 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     redirect = _CpuForCuda() if on_cpu_for_cuda else contextlib.nullcontext()
     tracer = Tracer(source="dispatch")
     forced_foreach = False
-    with fake_mode, redirect:
-        with tracer:
-            watch = _BlasWatch(tracer.recorder.run)
-            with watch:
-                with torch.device(sim):
-                    built = _call_build(build, fake_mode, sim)
-                model, optimizer, batch, loss_fn = built
-                params = _unique_params(model)
-                n_params = sum(p.numel() for p in params)
-                param_bytes = sum(p.numel() * p.element_size() for p in params)
-                prepared = None
-                if not run_plan.is_empty():
-                    from .remedies import prepare
-                    prepared = prepare(model, optimizer, run_plan, device_type=sim)
-                    optimizer = prepared.optimizer
-                if target == "cuda":
-                    forced_foreach = _force_cuda_default_foreach(optimizer)
-                for _ in range(steps):
-                    train_step(model, optimizer, batch, loss_fn, prepared, fake=True)
-                del built, batch, prepared
+    stage = "building the model, optimizer and batch"
+    try:
+        with fake_mode, redirect:
+            with tracer:
+                watch = _BlasWatch(tracer.recorder.run)
+                with watch:
+                    with torch.device(sim):
+                        built = _call_build(build, fake_mode, sim)
+                    model, optimizer, batch, loss_fn = built
+                    batch_blocks = _block_ids(tracer.recorder, batch)
+                    params = _unique_params(model)
+                    n_params = sum(p.numel() for p in params)
+                    param_bytes = sum(p.numel() * p.element_size() for p in params)
+                    grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+                    prepared = None
+                    if not run_plan.is_empty():
+                        stage = f"applying the plan {run_plan}"
+                        from .remedies import prepare
+                        prepared = prepare(model, optimizer, run_plan, device_type=sim)
+                        optimizer = prepared.optimizer
+                    if target == "cuda":
+                        forced_foreach = _force_cuda_default_foreach(optimizer)
+                    stage = "running the training step"
+                    for _ in range(steps):
+                        train_step(model, optimizer, batch, loss_fn, prepared, fake=True)
+                    del built, batch, prepared
+    except EstimateError:
+        raise
+    except Exception as exc:
+        raise EstimateError(f"{stage} on fake tensors failed: {type(exc).__name__}: {_first_line(exc)}") from exc
     run = tracer.run
+    _inputs_are_the_batch(run, batch_blocks)
     if forced_foreach:
         notes.append("optimizer foreach=None: stepped with the foreach (multi-tensor) kernels, as torch "
                      "chooses on CUDA")
@@ -417,7 +523,10 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     if conf.ignored:
         notes.append(f"PYTORCH_CUDA_ALLOC_CONF options not modelled: {', '.join(conf.ignored)}")
     counted = _counted_blocks(run, sim, skip_cpu_scalars=on_cpu_for_cuda)
-    replay = _replay(run, counted, CachingAllocatorModel(None, conf))
+    sizes_of, dist_note = _distributed(run, counted, world_size, zero, grad_bytes, sim)
+    if dist_note:
+        notes.append(dist_note)
+    replay = _replay(run, counted, CachingAllocatorModel(None, conf), sizes_of=sizes_of)
     peak_seq = replay["peak_seq"]
     bd = breakdown_at(run, peak_seq, top=0)
     breakdown = dict.fromkeys(CATEGORIES, 0)
@@ -436,15 +545,22 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         category_peaks_raw=replay["category_peaks_raw"],
         by_module=bd.by_module, params=n_params, param_bytes=param_bytes, plan=str(plan),
         world_size=world_size, budget_bytes=budget, allocator=replay["stats"])
-    if world_size > 1 or zero is not None:
-        _apply_distributed(est, world_size, zero)
     if budget is not None:
-        est.fits, est.oom = _check_budget(run, counted, conf, budget, est)
+        est.fits, est.oom = _check_budget(run, counted, conf, budget, sizes_of)
     run.meta["estimate"] = {k: v for k, v in est.to_dict().items() if k not in ("anchors", "by_module")}
     if anchors:
         est.anchors = compute_anchors(build, run_plan, device, est, world_size=world_size, steps=steps)
     est.elapsed_s = time.perf_counter() - t0
     return est
+
+
+class EstimateError(ValueError):
+    """The configuration could not be run on fake tensors (what failed, in one line)."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 _CPU_STANDIN_NOTE = (
@@ -491,19 +607,26 @@ def _fmt(n: int) -> str:
 def _insert_workspaces(run: Run, watch: _BlasWatch, sm90: bool, device_type: str) -> int:
     """Add the cuBLAS / cuBLASLt workspace allocations to the Run at the first matmul of
     each thread, as allocations that are never freed; returns their total bytes."""
-    device = "cuda:0" if device_type == "cuda" else device_type
     inserts: list[tuple[int, int, str]] = []
     for thread, pos in watch.blas.items():
         inserts.append((pos, cublas_workspace_bytes(sm90), f"cuBLAS workspace ({thread} thread)"))
     for thread, pos in watch.lt.items():
         inserts.append((pos, cublaslt_workspace_bytes(), f"cuBLASLt workspace ({thread} thread)"))
+    _insert_blocks(run, inserts, device_type)
+    return sum(n for _, n, _ in inserts)
+
+
+def _insert_blocks(run: Run, inserts: list[tuple[int, int, str]], device_type: str) -> None:
+    """Insert never-freed allocations (position before event `pos`, bytes, name) into the
+    Run, category 'other', shifting every later event index."""
     if not inserts:
-        return 0
+        return
+    device = "cuda:0" if device_type == "cuda" else device_type
     for b in run.blocks.values():
         if b.device.startswith(device_type):
             device = b.device
             break
-    inserts.sort(key=lambda x: x[0])
+    inserts = sorted(inserts, key=lambda x: x[0])
     next_id = max(run.blocks, default=-1) + 1
     positions = [p for p, _, _ in inserts]
     import bisect
@@ -546,7 +669,27 @@ def _insert_workspaces(run: Run, watch: _BlasWatch, sm90: bool, device_type: str
         mark = run.mark_at(blk.alloc_seq)
         if mark is not None:
             blk.phase, blk.step = mark.phase, mark.step
-    return sum(n for _, n, _ in inserts)
+
+
+def _block_ids(recorder, batch) -> set[int]:
+    """The blocks of the batch's tensors (counted now if the build made them untraced)."""
+    from torch.utils._pytree import tree_leaves
+    ids = set()
+    for t in tree_leaves(batch):
+        if isinstance(t, torch.Tensor):
+            block = recorder.add(t, "", Category.INPUTS.value)
+            if block is not None:
+                ids.add(block.id)
+    return ids
+
+
+def _inputs_are_the_batch(run: Run, batch_blocks: set[int]) -> None:
+    """The tracer calls 'inputs' whatever enters an outermost module call; a checkpointed
+    block recomputed in backward is such a call, so the hidden states checkpointing saves
+    would count as inputs. In an estimate the inputs are the batch: the rest are activations."""
+    for b in run.blocks.values():
+        if b.category == Category.INPUTS.value and b.id not in batch_blocks:
+            b.category = Category.ACTIVATIONS.value
 
 
 def _counted_blocks(run: Run, device_type: str, skip_cpu_scalars: bool) -> set[int]:
@@ -563,7 +706,10 @@ def _counted_blocks(run: Run, device_type: str, skip_cpu_scalars: bool) -> set[i
     return out
 
 
-def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_oom: bool = False) -> dict:
+def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_oom: bool = False,
+            sizes_of: dict[int, int] | None = None) -> dict:
+    """Replay the Run's allocations and frees of the `counted` blocks; `sizes_of` overrides
+    the bytes of some blocks (a rank's shard under ZeRO)."""
     handles: dict[int, Any] = {}
     sizes: dict[int, int] = {}
     cat_of = {bid: run.blocks[bid].category for bid in counted}
@@ -579,6 +725,8 @@ def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_o
         if bid not in counted:
             continue
         if action == ALLOC:
+            if sizes_of is not None:
+                nbytes = sizes_of.get(bid, nbytes)
             try:
                 h = model.malloc(nbytes)
             except ModelOOM as exc:
@@ -618,12 +766,11 @@ def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_o
             "category_peaks": cat_peak, "category_peaks_raw": raw_peak, "live_peak": live_peak, "stats": model.stats(), "oom": oom}
 
 
-def _check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int, est: Estimate):
+def _check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int,
+                  sizes_of: dict[int, int] | None):
     """Replay again with the allocator capped at the budget (cached segments are released
     and the request retried before an OOM, as on a GPU)."""
-    delta = est.peak_allocated_bytes - est.allocator.get("peak_allocated_bytes", est.peak_allocated_bytes)
-    capacity = max(budget - max(delta, 0), 0)       # analytic distributed extra memory takes its share
-    result = _replay(run, counted, CachingAllocatorModel(capacity, conf), stop_on_oom=True)
+    result = _replay(run, counted, CachingAllocatorModel(budget, conf), stop_on_oom=True, sizes_of=sizes_of)
     oom = result["oom"]
     if oom is None:
         return True, None
@@ -635,37 +782,50 @@ def _check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: in
     return False, oom
 
 
-def _apply_distributed(est: Estimate, world_size: int, zero: int | None) -> None:
-    """World size and ZeRO stage, analytically: ZeRO-1 shards optimizer state, ZeRO-2 also
-    gradients, ZeRO-3 also weights, each to 1/N per rank; plain data parallel (DDP) adds
-    flat communication buckets as large as the gradients (gradient_as_bucket_view=False,
-    DDP's default)."""
+DDP_BUCKET_BYTES = 25 * MiB         # DistributedDataParallel's bucket_cap_mb default
+DDP_FIRST_BUCKET_BYTES = 1 * MiB    # and its first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
+
+
+def _distributed(run: Run, counted: set[int], world_size: int, zero: int | None,
+                 grad_bytes: int, device_type: str) -> tuple[dict[int, int] | None, str]:
+    """What one rank of `world_size` holds, as changes to the Run before the replay.
+
+    Without ZeRO (DDP): the reducer's flat gradient buckets (gradient_as_bucket_view=False,
+    its default: one more copy of the gradients, in 25 MiB buckets) are allocated before
+    the first forward and kept. With ZeRO stage s: stage 1 shards the optimizer state and
+    the optimizer step's temporaries to 1/N, stage 2 also the gradients, stage 3 also the
+    weights; returns the per-block byte overrides and a note."""
     n = max(int(world_size), 1)
-    bd = est.breakdown
-    delta = 0
     if zero is None:
-        if n > 1:
-            buckets = est.category_peaks.get(Category.GRADIENTS.value, 0)
-            delta += buckets
-            bd[Category.OTHER.value] = bd.get(Category.OTHER.value, 0) + buckets
-            est.notes.append(f"world size {n} without ZeRO: DDP's gradient buckets ({_fmt(buckets)}, one more "
-                             "copy of the gradients) added analytically")
-    else:
-        shrink = [Category.OPTIMIZER_STATE.value]
-        if zero >= 2:
-            shrink.append(Category.GRADIENTS.value)
-        if zero >= 3:
-            shrink.append(Category.WEIGHTS.value)
-        for cat in shrink:
-            cut = bd.get(cat, 0) - bd.get(cat, 0) // n
-            bd[cat] = bd.get(cat, 0) - cut
-            delta -= cut
-        est.notes.append(f"ZeRO-{zero} over {n} ranks applied analytically to the breakdown at the peak "
-                         f"({', '.join(shrink)} divided by {n}); communication buffers, ZeRO-3's gathered "
-                         "layers and a peak that moves to another phase are not modelled")
-    est.peak_allocated_bytes += delta
-    rounded = int(math.copysign(math.ceil(abs(delta) / (2 * MiB)) * 2 * MiB, delta)) if delta else 0
-    est.peak_reserved_bytes = max(est.peak_reserved_bytes + rounded, est.peak_allocated_bytes)
+        if n == 1:
+            return None, ""
+        start = next((m.seq for m in run.marks if m.phase == "forward"), 0)
+        chunks, left, first = [], grad_bytes, True
+        while left > 0:
+            size = min(left, DDP_FIRST_BUCKET_BYTES if first else DDP_BUCKET_BYTES)
+            chunks.append((start, size, "DDP gradient bucket"))
+            left -= size
+            first = False
+        _insert_blocks(run, chunks, device_type)
+        counted.update(b.id for b in run.blocks.values() if b.name == "DDP gradient bucket")
+        return None, (f"world size {n} (DDP): {_fmt(grad_bytes)} of gradient buckets added (one more copy of the "
+                      "gradients, in 25 MiB buckets, as DistributedDataParallel's default "
+                      "gradient_as_bucket_view=False keeps); NCCL's own buffers are not in the estimate")
+    cats = {Category.OPTIMIZER_STATE.value}
+    if zero >= 2:
+        cats.add(Category.GRADIENTS.value)
+    if zero >= 3:
+        cats.add(Category.WEIGHTS.value)
+    sizes: dict[int, int] = {}
+    for bid in counted:
+        b = run.blocks[bid]
+        if b.category in cats or (b.category == Category.TEMPORARIES.value and b.phase == "optimizer"):
+            sizes[bid] = -(-b.nbytes // n)
+    shards = ", ".join(sorted(cats)) + ", the optimizer step's temporaries"
+    return sizes, (f"ZeRO-{zero} over {n} ranks: {shards} sharded to 1/{n} per rank in the replay; the "
+                   "collectives' buffers" + (", the layers ZeRO-3 gathers for forward and backward" if zero >= 3
+                                              else "") + " and the full-size gradients before reduce-scatter "
+                   "are not in the estimate")
 
 
 # ----------------------------------------------------------------------- anchors
@@ -721,9 +881,86 @@ def memtracker_peak(build: Callable, plan: Plan | None, device: str = "cuda", st
                 _force_cuda_default_foreach(optimizer)
             for _ in range(steps):
                 train_step(model, optimizer, batch, loss_fn, prepared, fake=True)
+                mt.reset_mod_stats()        # its per-module stats take one iteration at a time
         snap = mt.get_tracker_snapshot("peak")
     best = 0
     for dev, values in snap.items():
         if torch.device(dev).type == sim:
             best = max(best, int(values.get("Total", 0)))
     return best
+
+
+# ----------------------------------------------------------------------- configurations
+def estimate_config(model: str | None = None, script: str | None = None, script_args=(), *, batch: int = 8,
+                    seq: int | None = None, image_size: int | None = None, precision: str | None = None,
+                    checkpointing: str | int | None = None, micro_batch: str | int | None = None,
+                    optimizer: str = "adamw", plan: str | None = None, world_size: int = 1,
+                    zero: int | None = None, budget: int | None = None, device: str = "cuda",
+                    anchors: bool = False) -> Estimate:
+    """The estimate of a known model (memdoctor.estimate_models) or of a script's build(),
+    as `memdoctor estimate` takes them; ValueError for a configuration that makes no sense."""
+    from .remedies.plan import OPTIMIZERS as SWAPS
+    if (model is None) == (script is None):
+        raise ValueError("give a model (--model NAME) or a SCRIPT exposing build()")
+    if batch < 1:
+        raise ValueError("--batch must be at least 1")
+    if world_size < 1:
+        raise ValueError("--world-size must be at least 1")
+    swap = None
+    base = optimizer
+    if optimizer in SWAPS:          # "fused", "adamw-8bit", ...: a plan swap on top of AdamW
+        swap, base = optimizer, "adamw"
+    fields: dict[str, Any] = {}
+    if plan:
+        parsed = Plan.parse(plan)
+        fields = {k: getattr(parsed, k) for k in ("precision", "checkpointing", "micro_batch", "optimizer", "zero")}
+    for key, value in (("precision", precision), ("checkpointing", checkpointing),
+                       ("micro_batch", micro_batch), ("optimizer", swap), ("zero", zero)):
+        if value is not None:
+            if isinstance(value, str) and value.isdigit():
+                value = int(value)
+            fields[key] = value
+    the_plan = Plan(**fields)
+    if script is not None:
+        build = load_script_build(script, script_args)
+        config = {"script": os.path.abspath(script)}
+    else:
+        from .estimate_models import get
+        try:
+            spec = get(model)
+        except KeyError as exc:
+            raise ValueError(str(exc.args[0])) from None
+        build = spec.builder(batch=batch, seq=seq, optimizer=base, image_size=image_size)
+        config = {"model": spec.name, "batch": batch,
+                  "seq": (seq or spec.default_seq) if spec.kind == "lm" else None,
+                  "image_size": (image_size or spec.image_size) if spec.kind == "image" else None,
+                  "optimizer": base}
+    est = estimate_built(build, plan=the_plan, device=device, world_size=world_size, budget=budget,
+                         anchors=anchors)
+    est.run.meta.setdefault("estimate", {})["config"] = config
+    est.config = config
+    return est
+
+
+def load_script_build(path: str, args=()) -> Callable:
+    """The build() of a script: it must return (model, optimizer, batch, loss_fn), or a
+    dict with those keys, and may take no arguments. The script is loaded as a module (not
+    as __main__), so its `if __name__ == "__main__":` training loop does not run."""
+    import runpy
+    import sys
+    if not os.path.isfile(path):
+        raise ValueError(f"no such script: {path}")
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [path, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        namespace = runpy.run_path(path, run_name="__memdoctor_estimate__")
+    finally:
+        sys.argv, sys.path[:] = old_argv, old_path
+    build = namespace.get("build")
+    if not callable(build):
+        raise ValueError(f"{path} has no build() function returning (model, optimizer, batch, loss_fn)")
+
+    def wrapped():
+        return build()
+    return wrapped

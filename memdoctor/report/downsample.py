@@ -14,7 +14,7 @@ import numpy as np
 
 from ..run import CATEGORIES, Action, Category, Run
 
-DEFAULT_MAX_POINTS = 10_000
+DEFAULT_MAX_POINTS = 5_000
 _OTHER = CATEGORIES.index(Category.OTHER.value)
 
 
@@ -94,10 +94,17 @@ def pick_indices(total: np.ndarray, max_points: int = DEFAULT_MAX_POINTS,
                  keep: list[int] | tuple[int, ...] = ()) -> np.ndarray:
     """Sorted event indices to draw: all of them when they fit, else per bucket the min and
     the max of `total`, the first and last event, the peak and every index in `keep`."""
+    return _pick(total, max_points, keep)[0]
+
+
+def _pick(total: np.ndarray, max_points: int, keep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indices to draw, those on the upper envelope: bucket maxima, and those on the lower:
+    bucket minima; both with the peak, the first and last event and `keep`)."""
     n = int(total.shape[0])
     extra = sorted({int(k) for k in keep if 0 <= int(k) < n})
     if n <= max_points:
-        return np.arange(n, dtype=np.int64)
+        every = np.arange(n, dtype=np.int64)
+        return every, every, every
     buckets = max((max_points - len(extra) - 3) // 2, 1)
     width = -(-n // buckets)
     padded = np.empty(buckets * width, dtype=total.dtype)
@@ -108,8 +115,9 @@ def pick_indices(total: np.ndarray, max_points: int = DEFAULT_MAX_POINTS,
     hi = np.minimum(grid.argmax(axis=1) + offsets, n - 1)
     lo = np.minimum(grid.argmin(axis=1) + offsets, n - 1)
     peak = int(np.argmax(total))
-    parts = [hi, lo, np.array([0, n - 1, peak], dtype=np.int64), np.array(extra, dtype=np.int64)]
-    return np.unique(np.concatenate(parts))
+    fixed = np.concatenate([np.array([0, n - 1, peak], dtype=np.int64), np.array(extra, dtype=np.int64)])
+    return (np.unique(np.concatenate([hi, lo, fixed])), np.unique(np.concatenate([hi, fixed])),
+            np.unique(np.concatenate([lo, fixed])))
 
 
 @dataclass
@@ -122,6 +130,9 @@ class Timeline:
     num_events: int = 0
     peak_seq: int = 0
     peak_bytes: int = 0
+    upper: np.ndarray | None = None     # positions in seq of the upper envelope (bucket maxima)
+    lower: np.ndarray | None = None     # positions in seq of the lower envelope (bucket minima)
+
 
     @property
     def downsampled(self) -> bool:
@@ -134,9 +145,10 @@ def timeline(run: Run, max_points: int = DEFAULT_MAX_POINTS, c: Curves | None = 
     keep = []
     for o in run.ooms:
         keep += [o.seq - 1, o.seq]
-    idx = pick_indices(c.total, max_points, keep)
+    idx, hi, lo = _pick(c.total, max_points, keep)
     peak_seq, peak_bytes = c.peak()
-    return Timeline(idx, c.total[idx], c.categories_at(idx), c.num_events, peak_seq, peak_bytes)
+    return Timeline(idx, c.total[idx], c.categories_at(idx), c.num_events, peak_seq, peak_bytes,
+                    np.searchsorted(idx, hi), np.searchsorted(idx, lo))
 
 
 def downsample_series(x: np.ndarray, ys: dict[str, np.ndarray], key: str,

@@ -41,8 +41,8 @@ PHASE_COLORS = {
     Phase.FORWARD_NO_BACKWARD.value: "rgba(214,39,40,0.16)",
 }
 OOM_COLOR, BUDGET_COLOR, PEAK_COLOR = "#d62728", "#7f0000", "#222222"
-MAX_BANDS = 1500               # phase bands drawn; beyond it the phases are resampled
-BAND_GRID = 3000
+MAX_BANDS = 600                # phase bands drawn; beyond it the phases are resampled
+BAND_GRID = 1200               # about one band a pixel: finer is invisible
 MAX_STEP_LINES = 120            # more steps than this: labels only, lines would be a texture
 MAX_STEP_LABELS = 12
 TREE_MODULES = 25              # modules per category in the treemap, the rest summed
@@ -129,9 +129,9 @@ def render_report(run: Run, findings=None, facts=None, other_run: Run | None = N
             other["facts"] = other["findings"] = None
 
     limit = facts.limit_bytes or run.budget_bytes
-    top_bytes = max([tl.peak_bytes, run.budget_bytes or 0, facts.limit_bytes or 0]
-                    + [(o.live_bytes or 0) + (o.requested_bytes or 0) for o in run.ooms]
-                    + ([other["timeline"].peak_bytes, other_run.budget_bytes or 0] if other else []))
+    top_bytes = max(_top(run, tl), _top(other_run, other["timeline"]) if other else 0)
+    if facts.limit_bytes and facts.limit_bytes <= 1.5 * top_bytes:   # a capacity far above would flatten it
+        top_bytes = max(top_bytes, facts.limit_bytes)
     unit, scale = _unit(max(top_bytes, 1))
     ymax = top_bytes * 1.15 or 1
 
@@ -139,14 +139,21 @@ def render_report(run: Run, findings=None, facts=None, other_run: Run | None = N
     if other:
         body.append(_compare(page, run, tl, curves, other, unit, scale, ymax))
     body.append(_findings_section(page, findings, facts, unit, scale))
-    body.append(_timeline_section(page, run, tl, unit, scale, ymax, max_points, other is not None))
-    body.append(_focus_section(page, run, facts, focus_seq, curves))
-    body.append(_steps_section(page, run, steps, unit, scale, limit, other))
+    body.append(_timeline_section(page, run, tl, unit, scale, ymax, other is not None))
+    body.append(_focus_section(page, run, focus_seq))
+    body.append(_steps_section(page, steps, facts.growth_per_step, unit, scale, limit, other))
     if run.segments or (run.samples and run.source == "allocator"):
-        body.append(_segments_section(page, run, unit, scale, max_points))
+        body.append(_segments_section(page, run, tl, max_points))
     body.append(_footer(tl))
     title = "memdoctor report: " + (os.path.basename(run.script) if run.script else "run")
     return page.html(title, "\n".join(body))
+
+
+def _top(run: Run, tl: ds.Timeline) -> int:
+    """The highest value the timeline draws: peak, budget, an OOM's request, reserved."""
+    return max([tl.peak_bytes, run.budget_bytes or 0]
+               + [(o.live_bytes or 0) + (o.requested_bytes or 0) for o in run.ooms]
+               + [max((s.reserved for s in run.samples), default=0)])
 
 
 class _Page:
@@ -348,21 +355,33 @@ def _timeline_traces(run: Run, tl: ds.Timeline, scale: int, ymax: float, legend:
                            "fillcolor": PHASE_COLORS[p], "line": {"width": 0}, "hoverinfo": "skip",
                            "name": f"phase: {p}", "legendgroup": "phases", "showlegend": legend,
                            "legendrank": 900})
-    x = tl.seq.tolist()
+    # Downsampled, the stacks are drawn at each bucket's highest total (the peak and every
+    # OOM among them): a stack zigzagging through both extremes of every bucket fills the
+    # band between them with the colour of the top category. The lowest total per bucket is
+    # a line of its own.
+    pos = tl.upper if tl.downsampled else np.arange(len(tl.seq))
+    x = tl.seq[pos].tolist()
+    shape = "linear" if tl.downsampled else "hv"
     for cat in CATEGORIES:
         ys = tl.by_category.get(cat)
         if ys is None or not np.any(ys):
             continue
-        traces.append({"type": "scatter", "mode": "lines", "x": x, "y": _scaled(ys, scale), "name": cat,
-                       "stackgroup": "live", "line": {"width": 0.5, "shape": "hv", "color": CATEGORY_COLORS[cat]},
+        traces.append({"type": "scatter", "mode": "lines", "x": x, "y": _scaled(ys[pos], scale), "name": cat,
+                       "stackgroup": "live", "line": {"width": 0.5, "shape": shape, "color": CATEGORY_COLORS[cat]},
                        "fillcolor": CATEGORY_COLORS[cat], "legendgroup": cat, "showlegend": legend,
                        "hovertemplate": "%{y:.2f}"})
     if n:
-        labels = _phase_step_labels(run, tl.seq)
-        line = {"width": 0.6, "color": "rgba(0,0,0,0.45)"} if tl.downsampled else {"width": 1, "color": PEAK_COLOR}
-        traces.append({"type": "scatter", "mode": "lines", "x": x, "y": _scaled(tl.total, scale),
-                       "name": "total live", "line": {**line, "shape": "hv"},
+        labels = _phase_step_labels(run, tl.seq[pos])
+        name = "total live (highest per bucket)" if tl.downsampled else "total live"
+        traces.append({"type": "scatter", "mode": "lines", "x": x, "y": _scaled(tl.total[pos], scale), "name": name,
+                       "line": {"width": 1, "color": PEAK_COLOR, "shape": shape},
                        "text": labels, "hovertemplate": "<b>%{y:.2f}</b> (%{text})", "showlegend": legend})
+        if tl.downsampled:
+            low = tl.lower
+            traces.append({"type": "scatter", "mode": "lines", "x": tl.seq[low].tolist(),
+                           "y": _scaled(tl.total[low], scale), "name": "total live (lowest per bucket)",
+                           "line": {"width": 0.8, "color": "rgba(0,0,0,0.4)", "dash": "dot"},
+                           "hovertemplate": "low %{y:.2f}", "showlegend": legend})
     if run.samples:
         sx = np.array([s.seq for s in run.samples], dtype=np.int64)
         sr = np.array([s.reserved for s in run.samples], dtype=np.int64)
@@ -415,13 +434,16 @@ def _timeline_traces(run: Run, tl: ds.Timeline, scale: int, ymax: float, legend:
                                 "text": f"OOM: +{plot_text(format_bytes(o.requested_bytes))}",
                                 "showarrow": True, "arrowhead": 2, "ax": -30, "ay": -34,
                                 "font": {"color": OOM_COLOR}, "bgcolor": "rgba(255,255,255,0.8)"})
-    if run.budget_bytes:
+    line_at, what = run.budget_bytes, "budget"
+    if not line_at and (run.device or {}).get("capacity_bytes", 0) and run.device["capacity_bytes"] <= ymax:
+        line_at, what = run.device["capacity_bytes"], "device capacity"
+    if line_at:
         shapes.append({"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1,
-                       "y0": run.budget_bytes / scale, "y1": run.budget_bytes / scale,
+                       "y0": line_at / scale, "y1": line_at / scale,
                        "line": {"color": BUDGET_COLOR, "dash": "dash", "width": 2}})
-        annotations.append({"x": 0, "xref": "paper", "xanchor": "left", "y": run.budget_bytes / scale, "yref": "y",
+        annotations.append({"x": 0, "xref": "paper", "xanchor": "left", "y": line_at / scale, "yref": "y",
                             "yanchor": "bottom", "showarrow": False,
-                            "text": f"budget {plot_text(format_bytes(run.budget_bytes))}",
+                            "text": f"{what} {plot_text(format_bytes(line_at))}",
                             "font": {"color": BUDGET_COLOR}})
     return traces, shapes, annotations
 
@@ -447,10 +469,11 @@ def _timeline_layout(unit: str, ymax: float, scale: int, title: str, shapes, ann
 
 
 def _timeline_section(page: _Page, run: Run, tl: ds.Timeline, unit: str, scale: int, ymax: float,
-                      max_points: int, compared: bool) -> str:
+                      compared: bool) -> str:
     traces, shapes, annotations = _timeline_traces(run, tl, scale, ymax)
-    note = (f"{len(tl.seq):,} of {tl.num_events:,} events drawn: per bucket the lowest and highest live total; "
-            "the peak and every OOM exact" if tl.downsampled else f"All {tl.num_events:,} events drawn")
+    note = (f"{tl.num_events:,} events in {len(tl.upper):,} buckets: the stacks at each bucket's highest live "
+            "total (solid line), the lowest as a dotted line; the peak and every OOM exact"
+            if tl.downsampled else f"All {tl.num_events:,} events drawn")
     layout = _timeline_layout(unit, ymax, scale, "live memory by category" + (" (before)" if compared else ""),
                               shapes, annotations, tl.num_events)
     return ("<section id=\"timeline\"><h2>Memory over time</h2>"
@@ -530,7 +553,7 @@ def _treemap(blocks: list[Block], title: str) -> tuple[list, dict]:
     return data, layout
 
 
-def _focus_section(page: _Page, run: Run, facts, focus_seq: int, c: ds.Curves) -> str:
+def _focus_section(page: _Page, run: Run, focus_seq: int) -> str:
     blocks = _live_at(run, focus_seq) if run.num_events else []
     where = "at the OOM" if run.ooms else "at the peak"
     mark = run.mark_at(focus_seq)
@@ -566,14 +589,14 @@ def _focus_section(page: _Page, run: Run, facts, focus_seq: int, c: ds.Curves) -
 
 
 # ---- per step -----------------------------------------------------------------------------
-def _steps_section(page: _Page, run: Run, steps: list[dict], unit: str, scale: int, limit, other) -> str:
-    if not steps and not (other and other["steps"]):
-        return ""
+def _steps_section(page: _Page, steps: list[dict], growth: float, unit: str, scale: int, limit, other) -> str:
+    if len(steps) < 2 and not (other and len(other["steps"]) >= 2):
+        return ""                # one step has no slope to show
     data = []
-    series = [("before" if other else "peak", steps, "#4e79a7")]
+    series = [("before" if other else "peak", steps, "#4e79a7", "#1f3a5f")]
     if other:
-        series.append(("after", other["steps"], "#59a14f"))
-    for name, rows, color in series:
+        series.append(("after", other["steps"], "#59a14f", "#1e5631"))
+    for name, rows, color, dark in series:
         if not rows:
             continue
         data.append({"type": "bar", "x": [r["step"] for r in rows], "y": _scaled([r["peak_bytes"] for r in rows], scale),
@@ -581,7 +604,7 @@ def _steps_section(page: _Page, run: Run, steps: list[dict], unit: str, scale: i
                      "hovertemplate": "step %{x}: peak %{y:.2f} " + unit + "<extra></extra>"})
         data.append({"type": "scatter", "mode": "lines+markers", "x": [r["step"] for r in rows],
                      "y": _scaled([r["end_bytes"] for r in rows], scale), "name": f"{name}: live at step end",
-                     "line": {"color": color, "dash": "dot"}, "marker": {"size": 5},
+                     "line": {"color": dark, "dash": "dot"}, "marker": {"size": 5, "color": dark},
                      "hovertemplate": "step %{x}: end %{y:.2f} " + unit + "<extra></extra>"})
     shapes = []
     if limit:
@@ -591,17 +614,14 @@ def _steps_section(page: _Page, run: Run, steps: list[dict], unit: str, scale: i
               "xaxis": {"title": {"text": "step"}}, "yaxis": {"title": {"text": unit}, "rangemode": "tozero"},
               "shapes": shapes, "legend": {"orientation": "h", "y": -0.2}, "margin": {"l": 70, "r": 30, "t": 50, "b": 80}}
     slope = ""
-    if len(steps) >= 3:
-        from ..rules.facts import _growth
-        growth = _growth(steps)
-        if growth > 0:
-            slope = f" Live memory at the end of a step grows {esc(format_bytes(growth))} a step."
-    return (f"<section id=\"steps\"><h2>Per step</h2><p class=\"note\">{len(steps)} steps.{slope}</p>"
+    if growth > 0:
+        slope = f" Live memory at the end of a step grows {esc(format_bytes(growth))} a step."
+    return (f"<section id=\"steps\"><h2>Per step</h2><p class=\"note\">{len(steps)} step{'s' if len(steps) != 1 else ''}.{slope}</p>"
             f"{page.figure(data, layout, height=380)}</section>")
 
 
 # ---- allocator segments -------------------------------------------------------------------
-def _segments_section(page: _Page, run: Run, unit: str, scale: int, max_points: int) -> str:
+def _segments_section(page: _Page, run: Run, tl: ds.Timeline, max_points: int) -> str:
     parts = ["<section id=\"segments\"><h2>Allocator segments</h2>"]
     segs = run.segments or []
     if segs:
@@ -614,15 +634,19 @@ def _segments_section(page: _Page, run: Run, unit: str, scale: int, max_points: 
                      f"(largest free piece {esc(format_bytes(largest))}). A request larger than the largest free "
                      "piece needs a new segment even when the free total would hold it.</p>")
     if run.samples:
+        # reserved from the allocator's samples; allocated is the live curve itself (exact
+        # at every event, where samples are only taken when a segment comes or goes)
         sx = np.array([s.seq for s in run.samples], dtype=np.int64)
-        cols = {"reserved": np.array([s.reserved for s in run.samples], dtype=np.int64),
-                "allocated": np.array([s.allocated for s in run.samples], dtype=np.int64)}
-        sx, cols = ds.downsample_series(sx, cols, "reserved", max_points)
-        sunit, sscale = _unit(max(int(cols["reserved"].max(initial=0)), 1))
-        data = [{"type": "scatter", "mode": "lines", "x": sx.tolist(), "y": _scaled(cols[k], sscale), "name": k,
-                 "line": {"shape": "hv", "color": color}, "fill": "tozeroy" if k == "reserved" else "none",
-                 "hovertemplate": "%{y:.2f} " + sunit}
-                for k, color in (("reserved", "#9c9c9c"), ("allocated", "#4e79a7"))]
+        sx, cols = ds.downsample_series(sx, {"reserved": np.array([s.reserved for s in run.samples],
+                                                                   dtype=np.int64)}, "reserved", max_points)
+        top = max(int(cols["reserved"].max(initial=0)), tl.peak_bytes, 1)
+        sunit, sscale = _unit(top)
+        data = [{"type": "scatter", "mode": "lines", "x": sx.tolist(), "y": _scaled(cols["reserved"], sscale),
+                 "name": "reserved", "line": {"shape": "hv", "color": "#9c9c9c"}, "fill": "tozeroy",
+                 "hovertemplate": "%{y:.2f} " + sunit},
+                {"type": "scatter", "mode": "lines", "x": tl.seq.tolist(), "y": _scaled(tl.total, sscale),
+                 "name": "allocated", "line": {"shape": "hv", "color": "#4e79a7"}, "fill": "tozeroy",
+                 "hovertemplate": "%{y:.2f} " + sunit}]
         layout = {"title": {"text": "reserved vs allocated (the gap is cached, unallocated memory)"},
                   "xaxis": {"title": {"text": "event"}}, "yaxis": {"title": {"text": sunit}, "rangemode": "tozero"},
                   "hovermode": "x unified", "legend": {"orientation": "h", "y": -0.2}}
@@ -630,30 +654,60 @@ def _segments_section(page: _Page, run: Run, unit: str, scale: int, max_points: 
     if segs:
         ranked = sorted(range(len(segs)), key=lambda i: (-(segs[i].get("inactive_size") or 0),
                                                          -(segs[i].get("total_size") or 0)))[:MAX_SEGMENTS]
-        total_max = max(int(segs[i].get("total_size") or 0) for i in ranked) or 1
-        gunit, gscale = _unit(total_max)
-        labels, alloc, free, other_, custom = [], [], [], [], []
-        for i in ranked:
-            s = segs[i]
-            t, a, f = int(s.get("total_size") or 0), int(s.get("allocated_size") or 0), int(s.get("inactive_size") or 0)
-            labels.append(plot_text(f"#{i} {s.get('segment_type') or ''} {format_bytes(t)}"
-                                    + (" expandable" if s.get("is_expandable") else "")))
-            alloc.append(a)
-            free.append(f)
-            other_.append(max(t - a - f, 0))
-            custom.append(f"largest free piece {format_bytes(s.get('largest_inactive') or 0)}, "
-                          f"stream {s.get('stream', 0)}")
-        data = [{"type": "bar", "orientation": "h", "y": labels[::-1], "x": _scaled(v, gscale)[::-1], "name": name,
-                 "marker": {"color": color}, "customdata": custom[::-1],
-                 "hovertemplate": "%{y}: %{x:.2f} " + gunit + " " + name + "<br>%{customdata}<extra></extra>"}
-                for name, v, color in (("allocated", alloc, "#4e79a7"), ("free (fragments)", free, "#f28e2b"),
-                                       ("other", other_, "#cccccc")) if any(v)]
-        layout = {"title": {"text": f"segments with the most free space (of {len(segs):,})"}, "barmode": "stack",
-                  "xaxis": {"title": {"text": gunit}}, "yaxis": {"automargin": True},
-                  "legend": {"orientation": "h", "y": -0.12}, "margin": {"l": 20, "r": 30, "t": 50, "b": 60}}
-        parts.append(page.figure(data, layout, height=140 + 18 * len(ranked)))
+        data, layout = _segment_layout([segs[i] for i in ranked], ranked, len(segs))
+        parts.append(page.figure(data, layout, height=150 + 20 * len(ranked)))
     parts.append("</section>")
     return "".join(parts)
+
+
+BLOCK_STATES = {"active_allocated": ("allocated", "#4e79a7"), "inactive": ("free", "#f28e2b"),
+                "active_pending_free": ("freed, still in use by a stream", "#b07aa1"),
+                "active_awaiting_free": ("freed, still in use by a stream", "#b07aa1")}
+
+
+def _segment_layout(shown: list[dict], index: list[int], count: int) -> tuple[list, dict]:
+    """Each segment as a bar of its blocks in address order, coloured by state: the free
+    fragments between allocated blocks are visible as such."""
+    gunit, gscale = _unit(max(int(s.get("total_size") or 0) for s in shown) or 1)
+    labels, pieces = [], []
+    for i, s in zip(index, shown):
+        total = int(s.get("total_size") or 0)
+        labels.append(plot_text(f"#{i} {s.get('segment_type') or ''} {format_bytes(total)}"
+                                + (" expandable" if s.get("is_expandable") else "")))
+        blocks = [(int(b.get("size") or 0), b.get("state") or "") for b in s.get("blocks") or []]
+        if not blocks:      # no layout recorded: the totals
+            a, f = int(s.get("allocated_size") or 0), int(s.get("inactive_size") or 0)
+            blocks = [(a, "active_allocated"), (f, "inactive")]
+        rest = total - sum(n for n, _ in blocks)
+        if rest > 0:
+            blocks.append((rest, f"not listed ({s.get('blocks_omitted', 0):,} blocks)"))
+        pieces.append(blocks)
+    data = []
+    for k in range(max(len(p) for p in pieces)):
+        xs, colors, hover = [], [], []
+        for blocks in pieces:
+            size, state = blocks[k] if k < len(blocks) else (0, "")
+            name, color = BLOCK_STATES.get(state, (state or "-", "#cccccc"))
+            xs.append(size)
+            colors.append(color)
+            hover.append(f"block {k}: {format_bytes(size)} {plot_text(name)}")
+        data.append({"type": "bar", "orientation": "h", "y": labels[::-1], "x": _scaled(xs, gscale)[::-1],
+                     "marker": {"color": colors[::-1], "line": {"color": "#ffffff", "width": 1}},
+                     "text": hover[::-1], "textposition": "none", "showlegend": False,
+                     "hovertemplate": "%{y}<br>%{text}<extra></extra>"})
+    seen = {}
+    for name, color in BLOCK_STATES.values():
+        seen.setdefault(name, color)
+    for name, color in seen.items():     # the legend: one entry per state
+        data.append({"type": "bar", "orientation": "h", "y": [labels[0]], "x": [0], "name": name,
+                     "marker": {"color": color}, "hoverinfo": "skip", "showlegend": True})
+    layout = {"title": {"text": f"segments with the most free space (of {count:,}): blocks in address order, {gunit}",
+                        "x": 0.01, "xanchor": "left"},
+              "barmode": "stack", "bargap": 0.25, "yaxis": {"automargin": True}, "xaxis": {"rangemode": "tozero"},
+              "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom",
+                         "traceorder": "normal"},
+              "hovermode": "closest", "margin": {"l": 20, "r": 30, "t": 60, "b": 40}}
+    return data, layout
 
 
 # ---- before / after -----------------------------------------------------------------------

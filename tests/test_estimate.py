@@ -1,0 +1,375 @@
+"""The estimator: the caching-allocator model against known sequences, the estimate against
+a real step traced on the CPU, the well-known configurations and `memdoctor estimate`."""
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memdoctor.allocator_model import (
+    K_LARGE_BUFFER,
+    K_SMALL_BUFFER,
+    AllocatorConfig,
+    CachingAllocatorModel,
+    ModelOOM,
+    allocation_size,
+    round_size,
+)
+from memdoctor.estimate import (
+    CUBLASLT_WORKSPACE_BYTES,
+    accelerate_adam_bytes,
+    cublas_workspace_bytes,
+    deepspeed_zero2_model_states_bytes,
+    estimate,
+    estimate_built,
+    estimate_config,
+    train_step,
+)
+from memdoctor.run import Action
+
+KiB, MiB = 1024, 1024 * 1024
+
+
+# ---------------------------------------------------------------- the allocator model
+
+def test_requests_round_up_to_512_bytes():
+    m = CachingAllocatorModel()
+    a = m.malloc(1)
+    assert (a.size, m.allocated, m.requested) == (512, 512, 1)
+    b = m.malloc(513)
+    assert b.size == 1024 and m.allocated == 1536
+    assert m.malloc(0) is None and m.allocated == 1536     # 0 bytes take nothing
+    assert round_size(512) == 512 and round_size(1000) == 1024 and round_size(0) == 512
+
+
+def test_small_requests_share_2mib_segments():
+    m = CachingAllocatorModel()
+    blocks = [m.malloc(512 * KiB) for _ in range(4)]
+    assert m.reserved == K_SMALL_BUFFER == 2 * MiB
+    assert m.allocated == 2 * MiB and len(m.segments) == 1
+    m.malloc(512 * KiB)
+    assert m.reserved == 4 * MiB and len(m.segments) == 2
+    m.malloc(1 * MiB)                       # exactly kSmallSize: still the small pool, in the 1.5 MiB left
+    assert m.reserved == 4 * MiB
+    m.malloc(1 * MiB)
+    assert m.reserved == 6 * MiB
+    assert all(b.small for b in blocks)
+
+
+def test_a_5mib_request_takes_a_20mib_segment_that_later_requests_share():
+    m = CachingAllocatorModel()
+    m.malloc(5 * MiB)
+    assert (m.allocated, m.reserved) == (5 * MiB, K_LARGE_BUFFER)
+    for _ in range(3):
+        m.malloc(5 * MiB)
+    assert (m.allocated, m.reserved) == (20 * MiB, 20 * MiB)
+    m.malloc(5 * MiB)
+    assert m.reserved == 40 * MiB
+    assert allocation_size(1 * MiB + 512) == 20 * MiB and allocation_size(10 * MiB - 512) == 20 * MiB
+
+
+def test_requests_from_10mib_get_their_own_segment_rounded_to_2mib():
+    m = CachingAllocatorModel()
+    m.malloc(30 * MiB)
+    assert m.reserved == 30 * MiB and m.allocated == 30 * MiB
+    m.malloc(30 * MiB + 1)                  # 512-rounded, then a 32 MiB segment; the rest is split off
+    assert m.reserved == 62 * MiB and m.allocated == 60 * MiB + 512
+    m.malloc(11 * MiB)                      # 12 MiB segment; 1 MiB left is not > kSmallSize: not split
+    assert m.reserved == 74 * MiB and m.allocated == 60 * MiB + 512 + 12 * MiB
+    assert allocation_size(10 * MiB) == 10 * MiB and allocation_size(31 * MiB) == 32 * MiB
+
+
+def test_split_and_reuse_of_a_cached_block():
+    m = CachingAllocatorModel()
+    big = m.malloc(30 * MiB)
+    m.free(big)
+    assert (m.allocated, m.reserved) == (0, 30 * MiB)
+    a = m.malloc(5 * MiB)                   # served by the cached 30 MiB block, split
+    assert (a.size, m.reserved) == (5 * MiB, 30 * MiB)
+    b = m.malloc(20 * MiB)                  # from the 25 MiB rest
+    assert (b.size, m.reserved, m.allocated) == (20 * MiB, 30 * MiB, 25 * MiB)
+    assert b.addr == a.addr + 5 * MiB
+
+
+def test_best_fit_takes_the_smallest_block_that_fits():
+    m = CachingAllocatorModel()
+    x = m.malloc(4 * MiB)
+    m.malloc(16 * MiB)                      # fills the rest of x's 20 MiB segment
+    z = m.malloc(6 * MiB)
+    m.malloc(14 * MiB)
+    m.free(z)
+    m.free(x)                               # free blocks: 4 MiB and 6 MiB
+    got = m.malloc(3 * MiB)
+    assert got.addr == x.addr
+    assert got.size == 4 * MiB              # 1 MiB left is not worth a split in the large pool
+    assert m.reserved == 40 * MiB
+
+
+def test_free_blocks_merge_with_free_neighbours():
+    m = CachingAllocatorModel()
+    a, b, c = (m.malloc(5 * MiB) for _ in range(3))
+    m.free(a)
+    m.free(c)
+    assert len(m.large_pool) == 2           # a, and c merged with the segment's free tail
+    m.free(b)
+    assert len(m.large_pool) == 1 and m.large_pool.lower_bound(0).size == 20 * MiB
+    m.malloc(18 * MiB)                      # fits only in the merged whole segment
+    assert m.reserved == 20 * MiB
+
+
+def test_out_of_memory_releases_cached_segments_then_retries():
+    m = CachingAllocatorModel(capacity=40 * MiB)
+    m.free(m.malloc(30 * MiB))
+    assert m.reserved == 30 * MiB
+    m.malloc(32 * MiB)                      # 30 + 32 > 40: release the cached 30, retry
+    assert m.reserved == 32 * MiB and m.num_alloc_retries == 1 and m.num_segment_frees == 1
+    with pytest.raises(ModelOOM) as caught:
+        m.malloc(32 * MiB)
+    assert caught.value.requested == 32 * MiB and m.num_ooms == 1
+    m.empty_cache()
+    assert m.reserved == 32 * MiB           # the block in use keeps its segment
+
+
+def test_max_split_size_keeps_oversize_blocks_whole():
+    m = CachingAllocatorModel(config=AllocatorConfig(max_split_size=64 * MiB))
+    m.free(m.malloc(100 * MiB))
+    m.malloc(10 * MiB)                      # below max_split_size: may not take the 100 MiB block
+    assert m.reserved == 110 * MiB
+    got = m.malloc(90 * MiB)                # wastes < 20 MiB: takes it, unsplit
+    assert got.size == 100 * MiB and m.reserved == 110 * MiB
+    conf = AllocatorConfig.parse("max_split_size_mb:128,expandable_segments:True")
+    assert conf.max_split_size == 128 * MiB and conf.ignored == ["expandable_segments:True"]
+
+
+def test_max_split_size_oom_releases_oversize_blocks_first():
+    m = CachingAllocatorModel(capacity=150 * MiB, config=AllocatorConfig(max_split_size=64 * MiB))
+    keep = m.malloc(30 * MiB)
+    m.free(m.malloc(100 * MiB))
+    m.malloc(110 * MiB)                     # 30 + 100 + 110 > 150: the cached oversize block goes
+    assert m.reserved == 140 * MiB and m.num_segment_frees == 1
+    assert keep.allocated
+
+
+# ---------------------------------------------------------------- the estimate
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+
+
+def _adamw(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def _batch():
+    return torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+
+def _loss(model, batch):
+    return F.cross_entropy(model(batch[0]), batch[1])
+
+
+def test_estimate_of_a_cpu_step_matches_the_real_step_traced_and_rounded():
+    from memdoctor.trace.session import Tracer
+    est = estimate(_mlp, _adamw, _batch, _loss, device="cpu")
+    with Tracer(source="dispatch") as tracer:
+        model = _mlp()
+        opt = _adamw(model)
+        batch = _batch()
+        for _ in range(2):
+            train_step(model, opt, batch, _loss)
+    run = tracer.run
+    live = peak = 0
+    for action, nbytes in zip(run.actions, run.event_bytes):
+        if action == Action.ALLOC and nbytes:
+            live += round_size(nbytes)
+        elif action == Action.FREE and nbytes:
+            live -= round_size(nbytes)
+        peak = max(peak, live)
+    assert peak > 0
+    assert abs(est.peak_allocated_bytes - peak) <= 0.01 * peak
+    assert est.live_peak_bytes == run.meta["peak_live_bytes"]
+    assert est.peak_reserved_bytes >= est.peak_allocated_bytes
+    assert est.workspace_bytes == 0 and est.cuda_context_bytes == 0     # CPU: no cuBLAS, no context
+    params = sum(p.numel() for p in _mlp().parameters())
+    assert est.category_peaks_raw["weights"] == 4 * params
+    assert est.category_peaks_raw["optimizer_state"] >= 8 * params
+    json.dumps(est.to_dict())
+
+
+def test_cuda_estimate_adds_cublas_workspaces_and_the_context_apart():
+    est = estimate(_mlp, _adamw, _batch, _loss, device="cuda")
+    # forward thread: cuBLAS + cuBLASLt (addmm with bias); backward thread: cuBLAS (mm)
+    assert est.workspace_bytes == 2 * cublas_workspace_bytes() + CUBLASLT_WORKSPACE_BYTES
+    assert est.breakdown["other"] >= est.workspace_bytes
+    assert est.cuda_context_bytes == 500 * MiB
+    assert est.device_bytes_needed == est.peak_reserved_bytes + est.cuda_context_bytes
+    assert est.peak_allocated_bytes > est.live_peak_bytes
+    names = {b.name for b in est.run.blocks.values() if b.category == "other"}
+    assert "cuBLAS workspace (forward thread)" in names and "cuBLAS workspace (backward thread)" in names
+    assert any("cuBLAS" in n for n in est.notes)
+    if not torch.backends.cuda.is_built():
+        assert any("no CUDA" in n for n in est.notes)
+
+
+def test_estimate_takes_a_real_batch():
+    est = estimate(_mlp, _adamw, _batch(), _loss, device="cpu")
+    assert est.breakdown["inputs"] > 0 or est.category_peaks["inputs"] > 0
+
+
+def test_optimizer_state_created_in_the_first_step_counts():
+    est = estimate(_mlp, _adamw, _batch, _loss, device="cuda")
+    params = sum(p.numel() for p in _mlp().parameters())
+    assert est.category_peaks_raw["optimizer_state"] == 8 * params      # exp_avg + exp_avg_sq; steps on CPU
+    assert est.category_peaks_raw["gradients"] == 4 * params
+
+
+def _tiny_gpt():
+    from memdoctor.estimate_models import GPT2
+    return GPT2(layers=4, dim=64, heads=4, vocab=512, positions=128)
+
+
+def _tokens():
+    return torch.randint(0, 512, (8, 128)), torch.randint(0, 512, (8, 128))
+
+
+def test_plans_run_on_fake_tensors_and_lower_activations():
+    from memdoctor.estimate_models import lm_loss
+    plain = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, device="cuda")
+    ckpt = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, plan="ckpt=full", device="cuda")
+    micro = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, plan="micro=2", device="cuda")
+    bf16 = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, plan="bf16", device="cuda")
+    act = "activations"
+    assert ckpt.category_peaks_raw[act] < plain.category_peaks_raw[act]
+    assert micro.category_peaks_raw[act] < plain.category_peaks_raw[act]
+    assert bf16.plan == "bf16" and ckpt.plan == "ckpt=full"
+    # hidden states a checkpointed block saves are activations, not inputs: the inputs are the batch
+    assert ckpt.category_peaks_raw["inputs"] == plain.category_peaks_raw["inputs"] == 2 * 8 * 128 * 8
+    assert bf16.category_peaks_raw["weights"] == plain.category_peaks_raw["weights"]     # autocast: fp32 weights
+
+
+def test_budget_verdict_and_distributed_adjustments():
+    from memdoctor.estimate_models import lm_loss
+    small = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, device="cuda", budget=8 * MiB)
+    assert small.fits is False and small.oom["requested_bytes"] > 0 and small.oom["phase"]
+    big = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, device="cuda", budget=64 << 30)
+    assert big.fits is True and big.oom is None
+    zero3 = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, device="cuda", plan="zero=3", world_size=4)
+    assert zero3.peak_allocated_bytes < big.peak_allocated_bytes
+    raw, raw3 = big.category_peaks_raw, zero3.category_peaks_raw
+    for cat in ("weights", "gradients", "optimizer_state"):
+        assert raw3[cat] == pytest.approx(raw[cat] / 4, rel=0.01), cat
+    zero1 = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, device="cuda", plan="zero=1", world_size=4)
+    assert zero1.category_peaks_raw["weights"] == raw["weights"]
+    assert zero1.category_peaks_raw["optimizer_state"] == pytest.approx(raw["optimizer_state"] / 4, rel=0.01)
+    ddp = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, device="cuda", world_size=2)
+    assert ddp.peak_allocated_bytes >= big.peak_allocated_bytes + raw["gradients"]
+    assert any("ZeRO-3" in n for n in zero3.notes) and any("DDP" in n for n in ddp.notes)
+
+
+def test_anchor_formulas():
+    assert deepspeed_zero2_model_states_bytes(1000) == 20000          # 4P + 16P / 1 GPU
+    assert deepspeed_zero2_model_states_bytes(1000, world_size=8) == 6000
+    assert accelerate_adam_bytes(4000) == 16000
+
+
+def test_a_built_model_is_refused():
+    with pytest.raises(TypeError):
+        estimate(_mlp(), _adamw, _batch, _loss)
+
+
+def test_gpt2_124m_estimate_is_fast_and_counts_model_states_per_parameter():
+    from memdoctor.estimate_models import get
+    t0 = time.perf_counter()
+    est = estimate_built(get("gpt2-124m").builder(batch=1, seq=64), device="cuda")
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+    p = est.params
+    assert 124_000_000 < p < 125_000_000
+    raw = est.category_peaks_raw
+    assert raw["weights"] / p == pytest.approx(4, rel=0.001)
+    assert raw["gradients"] / p == pytest.approx(4, rel=0.01)
+    assert raw["optimizer_state"] / p == pytest.approx(8, rel=0.001)
+    # at a tiny sequence the peak is the optimizer step, where all three are alive
+    assert est.peak_phase == "optimizer"
+    bd = est.breakdown
+    assert bd["weights"] / p == pytest.approx(4, rel=0.02)
+    assert bd["gradients"] / p == pytest.approx(4, rel=0.02)
+    assert bd["optimizer_state"] / p == pytest.approx(8, rel=0.02)
+
+
+def test_known_models_build_with_the_published_sizes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memdoctor.estimate_models import MODELS, param_count
+    expected = {"gpt2-124m": 124.4e6, "gpt2-355m": 354.8e6, "gpt2-774m": 774.0e6, "gpt2-1.5b": 1557.6e6,
+                "bert-base": 109.5e6, "bert-large": 335.1e6, "llama-1b": 1235.8e6, "resnet50": 25.56e6,
+                "vit-b16": 86.57e6}
+    with FakeTensorMode():
+        for name, spec in MODELS.items():
+            n = param_count(spec.build_model())
+            assert n == pytest.approx(expected[name], rel=0.01), name
+
+
+def test_script_build(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        import torch.nn.functional as F
+
+        def build():
+            model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+            return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                    "batch": (torch.randn(16, 32), torch.randint(0, 4, (16,))),
+                    "loss_fn": lambda m, b: F.cross_entropy(m(b[0]), b[1])}
+
+        if __name__ == "__main__":
+            raise SystemExit("training must not run during an estimate")
+    """))
+    est = estimate_config(script=str(script), device="cpu")
+    params = 32 * 64 + 64 + 64 * 4 + 4
+    assert est.category_peaks_raw["weights"] == 4 * params
+    assert est.category_peaks_raw["optimizer_state"] == 4 * params      # SGD momentum
+    assert est.config["script"].endswith("train.py")
+
+
+def test_cli_estimate_json(capsys):
+    from memdoctor.cli import main
+    code = main(["estimate", "--model", "gpt2-124m", "--batch", "1", "--seq", "16", "--json"])
+    out = capsys.readouterr().out
+    data = json.loads(out)
+    assert code == 0
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "breakdown", "peak_phase", "peak_step",
+                "cuda_context_bytes", "workspace_bytes", "notes"):
+        assert key in data
+    assert data["peak_reserved_bytes"] >= data["peak_allocated_bytes"] > 16 * 124_000_000
+    assert set(data["breakdown"]) == {"weights", "gradients", "optimizer_state", "activations",
+                                      "temporaries", "inputs", "other"}
+    assert data["config"]["model"] == "gpt2-124m" and data["config"]["seq"] == 16
+
+
+def test_cli_estimate_text_budget_and_usage(capsys, tmp_path):
+    from memdoctor.cli import main
+    script = tmp_path / "tiny.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def build():
+            model = nn.Linear(64, 64)
+            return model, torch.optim.AdamW(model.parameters()), torch.randn(32, 64), lambda m, b: m(b).sum()
+    """))
+    code = main(["estimate", str(script), "--budget", "1MiB"])
+    out = capsys.readouterr().out
+    assert code == 3 and "does NOT fit" in out and "predicted peak allocated" in out
+    code = main(["estimate", str(script), "--budget", "1GiB", "--precision", "bf16"])
+    out = capsys.readouterr().out
+    assert code == 0 and "fits" in out and "CUDA context" in out
+    assert main(["estimate"]) == 2
+    assert main(["estimate", "--model", "no-such-model"]) == 2
+    assert "unknown model" in capsys.readouterr().err
