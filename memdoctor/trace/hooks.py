@@ -141,7 +141,7 @@ class OwnershipHooks:
     @guarded
     def _forward_pre(self, module, args):
         rec = self.rec
-        if not self.stack:
+        if not self.stack and not _in_backward():   # a recompute in backward is no new pass
             if id(module) not in self.roots and any(True for _ in module.parameters()):
                 self.adopt_model(module)
             for t in tree_leaves(args):
