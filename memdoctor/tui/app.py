@@ -1,13 +1,15 @@
 """`memdoctor tui`: a run file (or a script traced live) in five screens: Overview,
 Timeline, Modules, Findings, Remedies.
 
-The run is read, indexed and diagnosed in a worker thread, in stages: the overview shows
-as soon as the index is built; findings, remedies and tensor shapes fill in when the rules
-have run. The UI thread only ever does O(log n) work per key press.
+The run is read, indexed and diagnosed in a worker thread, in stages: the overview and the
+timeline show as soon as the index is built; tensor names, shapes and the modules tree a
+moment later; findings and remedies when the rules have run. The UI thread only ever does
+O(log n) work per key press.
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import threading
@@ -21,6 +23,7 @@ from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import (Footer, Header, LoadingIndicator, OptionList, Static, TabbedContent, TabPane,
@@ -118,11 +121,23 @@ class Busy(Vertical):
         self._message = message
 
     def compose(self) -> ComposeResult:
-        yield Static(self._message, classes="busy-message")
+        yield Static(Text(self._message), classes="busy-message")     # Text: a path is no markup
         yield LoadingIndicator()
 
-    def say(self, message: str) -> None:
-        self.query_one(".busy-message", Static).update(message)
+    def say(self, message: str | Text) -> None:
+        self.query_one(".busy-message", Static).update(Text(message) if isinstance(message, str) else message)
+
+
+class Screens(TabbedContent):
+    """TabbedContent that follows focus only while the focus is still in the pane: a focus
+    message that arrives after a quick switch onward would otherwise switch back."""
+
+    def _on_tab_pane_focused(self, event: TabPane.Focused) -> None:
+        event.stop()
+        event.prevent_default()
+        focused = self.app.focused
+        if event.tab_pane.id and focused is not None and event.tab_pane in focused.ancestors_with_self:
+            self.active = event.tab_pane.id
 
 
 class MemdoctorApp(App[int]):
@@ -173,7 +188,7 @@ class MemdoctorApp(App[int]):
     # ---- layout ----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
-        with TabbedContent(initial="overview", id="tabs"):
+        with Screens(initial="overview", id="tabs"):
             with TabPane(TAB_TITLES[0], id="overview"):
                 yield Busy(self._busy_message(), id="ov-busy")
                 with VerticalScroll(id="ov-body", classes="pane-body"):
@@ -217,11 +232,16 @@ class MemdoctorApp(App[int]):
     def budget_label(self) -> str:
         return format_bytes(self.budget) if isinstance(self.budget, int) else str(self.budget)
 
+    def _q(self, selector: str, expect_type=None):
+        """query_one on the main screen, whatever screen (help) is on top of it."""
+        screen = self.screen_stack[0] if self.screen_stack else self.screen
+        return screen.query_one(selector, expect_type) if expect_type else screen.query_one(selector)
+
     def on_mount(self) -> None:
         for wid in ("#ov-body", "#fd-list", "#fd-detail", "#rm-body"):
-            self.query_one(wid).display = False
-        self.query_one("#mod-tree", Tree).loading = True
-        self.query_one("#tl-plot", LivePlot).loading = True
+            self._q(wid).display = False
+        self._q("#mod-tree", Tree).loading = True
+        self._q("#tl-plot", LivePlot).loading = True
         if self.script:
             self._start_script()
         else:
@@ -230,11 +250,13 @@ class MemdoctorApp(App[int]):
 
     # ---- navigation ------------------------------------------------------------------
     def action_show_tab(self, tab: str) -> None:
-        self.query_one("#tabs", TabbedContent).active = tab
+        while isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+        self._q("#tabs", TabbedContent).active = tab
         self._focus_pane()
 
     def action_cycle(self, step: int) -> None:
-        tabs = self.query_one("#tabs", TabbedContent)
+        tabs = self._q("#tabs", TabbedContent)
         self.action_show_tab(TABS[(TABS.index(tabs.active) + step) % len(TABS)])
 
     def action_help(self) -> None:
@@ -245,26 +267,40 @@ class MemdoctorApp(App[int]):
         self._focus_pane()
 
     def _focus_pane(self) -> None:
+        if not self.is_running or isinstance(self.screen, HelpScreen):
+            return
+        try:
+            tabs = self._q("#tabs", TabbedContent)
+        except NoMatches:          # the app is closing
+            return
         target = {"overview": "#ov-body", "timeline": "#tl-plot", "modules": "#mod-tree",
-                  "findings": "#fd-list", "remedies": "#rm-body"}[self.query_one("#tabs", TabbedContent).active]
-        widget = self.query_one(target)
-        if widget.display and widget.focusable:
-            widget.focus()
+                  "findings": "#fd-list", "remedies": "#rm-body"}[tabs.active]
+        widget = self._q(target)
+        if widget.display and widget.focusable and self.focused is not widget:
+            # at once, not widget.focus() (deferred): a late focus of the pane just left
+            # would switch TabbedContent back to it
+            self.screen.set_focus(widget)
 
     # ---- loading, off the UI thread -----------------------------------------------------
     @work(thread=True, exclusive=True, group="load")
     def load_worker(self) -> None:
+        """Read, index and diagnose, in three steps, each shown as soon as it is done. The
+        collector is paused meanwhile (its full passes over a million new objects would
+        hold the GIL, and so the keys, for a second at a time) and what was read is then
+        frozen out of its reach: a viewer keeps it to the end."""
         from . import loader
         yield_gil = lambda: time.sleep(0)      # noqa: E731  let the UI thread in between pieces
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             if self.given_run is not None:
                 loaded = loader.from_run(self.given_run)
             else:
                 loaded = loader.load(self.path, tick=yield_gil)
+            self.call_from_thread(self._show_index, loaded.index)
+            loaded.parse_details(yield_gil)
             modules = loaded.index.by_module(loaded.index.peak_seq)
-            self.call_from_thread(self._show_index, loaded.index, modules)
-            loaded.parse_shapes(yield_gil)
-            self.call_from_thread(self._refresh_timeline)
+            self.call_from_thread(self._show_details, modules)
             run = loaded.build_run(yield_gil)
             from ..rules import diagnose, facts_from_run
             facts = facts_from_run(run)
@@ -274,6 +310,10 @@ class MemdoctorApp(App[int]):
             self.call_from_thread(self._show_error, str(exc))
         except Exception as exc:         # one line on screen, never a traceback over the UI
             self.call_from_thread(self._show_error, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            gc.freeze()
+            if collecting:
+                gc.enable()
 
     def _start_script(self) -> None:
         def target() -> None:
@@ -300,7 +340,7 @@ class MemdoctorApp(App[int]):
     def _tick_script(self) -> None:
         if self.stage == "loading":
             elapsed = time.perf_counter() - self.started_at
-            self.query_one("#ov-busy", Busy).say(f"{self._busy_message()} {elapsed:.0f} s")
+            self._q("#ov-busy", Busy).say(f"{self._busy_message()} {elapsed:.0f} s")
 
     def _script_done(self, result) -> None:
         self.script_result = result
@@ -308,19 +348,22 @@ class MemdoctorApp(App[int]):
         self.load_worker()
 
     # ---- stage 1: the index -----------------------------------------------------------
-    def _show_index(self, index: RunIndex, modules: dict[str, dict[str, int]]) -> None:
+    def _show_index(self, index: RunIndex) -> None:
         self.index = index
         self.stage = "indexed"
-        self.query_one("#ov-busy").display = False
-        self.query_one("#ov-body").display = True
+        self._q("#ov-busy").display = False
+        self._q("#ov-body").display = True
         self._render_overview()
-        plot = self.query_one("#tl-plot", LivePlot)
+        plot = self._q("#tl-plot", LivePlot)
         plot.loading = False
         plot.set_index(index)
         self._render_caption()
-        self._render_modules(modules)
         self._focus_pane()
         self.overview_shown_at = time.perf_counter()
+
+    def _show_details(self, modules: dict[str, dict[str, int]]) -> None:
+        self._render_modules(modules)
+        self._refresh_timeline()
 
     def _render_overview(self) -> None:
         ix = self.index
@@ -344,7 +387,7 @@ class MemdoctorApp(App[int]):
         if h.ooms:
             o = h.ooms[0]
             kind = "simulated " if o.simulated else ""
-            inside = f" in {o.module}" if o.module else ""
+            inside = f" in module {o.module}" if o.module else ""
             grid.add_row(Text("OOM", style="bold red"),
                          Text(f"{kind}out of memory in {o.phase} of step {o.step}{inside}: tried to allocate "
                               f"{format_bytes(o.requested_bytes)} with {format_bytes(o.live_bytes)} live",
@@ -353,13 +396,13 @@ class MemdoctorApp(App[int]):
             grid.add_row("OOM", Text("none", style="green"))
         if self.script_result is not None and self.script_result.error and not self.script_result.oom:
             grid.add_row(Text("script", style="bold red"), Text(self.script_result.error, style="red"))
-        self.query_one("#ov-summary", Static).update(grid)
+        self._q("#ov-summary", Static).update(grid)
         bars = category_table(ix.by_category(ix.peak_seq), ix.total_at(ix.peak_seq), bar_width=30)
-        self.query_one("#ov-bars", Static).update(Group(Text("memory at the peak", style="bold underline"), bars))
+        self._q("#ov-bars", Static).update(Group(Text("memory at the peak", style="bold underline"), bars))
         self._render_headline()
 
     def _render_headline(self) -> None:
-        target = self.query_one("#ov-headline", Static)
+        target = self._q("#ov-headline", Static)
         if self.stage == "indexed":
             target.update(Text("diagnosing…", style="dim italic"))
             return
@@ -384,14 +427,14 @@ class MemdoctorApp(App[int]):
             caption.append(" · ")
             caption.append("┄ ", style="red")
             caption.append(f"{'budget' if ix.header.budget_bytes else 'capacity'} {format_bytes(budget)}")
-        self.query_one("#tl-caption", Static).update(caption)
+        self._q("#tl-caption", Static).update(caption)
 
     def on_live_plot_moved(self, event: LivePlot.Moved) -> None:
         self._render_instant(event.seq)
 
     def _refresh_timeline(self) -> None:
         if self.index is not None:
-            self._render_instant(self.query_one("#tl-plot", LivePlot).seq)
+            self._render_instant(self._q("#tl-plot", LivePlot).seq)
 
     def _render_instant(self, seq: int) -> None:
         ix = self.index
@@ -411,20 +454,23 @@ class MemdoctorApp(App[int]):
         for o in ix.header.ooms[:1]:
             if seq == max(o.seq - 1, 0):
                 where.append(" (at the OOM)", style="bold red")
-        self.query_one("#tl-where", Static).update(where)
-        self.query_one("#tl-cats", Static).update(category_table(ix.by_category(seq), total, bar_width=6,
+        self._q("#tl-where", Static).update(where)
+        self._q("#tl-cats", Static).update(category_table(ix.by_category(seq), total, bar_width=6,
                                                                  show_zero=False))
         top = Table.grid(padding=(0, 1), expand=True)
         top.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
         top.add_column(no_wrap=True, overflow="ellipsis", max_width=10)
         top.add_column(justify="right", no_wrap=True, min_width=10)
         for row in ix.top(seq, 7):
-            top.add_row(*tensor_cells(ix.tensor(row)))
-        self.query_one("#tl-top", Static).update(Group(Text("largest alive", style="bold"), top))
+            if ix.has_details:
+                top.add_row(*tensor_cells(ix.tensor(row)))
+            else:
+                top.add_row(Text("reading names…", style="dim italic"), "", format_bytes(int(ix.nbytes[row])))
+        self._q("#tl-top", Static).update(Group(Text("largest alive", style="bold"), top))
 
     # ---- modules ------------------------------------------------------------------------
     def _render_modules(self, modules: dict[str, dict[str, int]]) -> None:
-        tree = self.query_one("#mod-tree", Tree)
+        tree = self._q("#mod-tree", Tree)
         tree.loading = False
         tree.clear()
         nested: dict[str, Any] = {}
@@ -465,6 +511,11 @@ class MemdoctorApp(App[int]):
                 if entry["_children"]:
                     node = parent.add(label, data=(path, entry["_sums"]))
                     add(node, entry["_children"], path)
+                    own = sum(entry["_own"].values())
+                    if own:            # what the module holds outside its children
+                        node.add_leaf(Text.assemble(("(itself)", "italic"), "  ", format_bytes(own),
+                                                    (f"  {100 * own / peak:.0f}%", "dim")),
+                                      data=(f"{path} (itself)", entry["_own"]))
                 else:
                     parent.add_leaf(label, data=(path, entry["_sums"]))
 
@@ -486,7 +537,7 @@ class MemdoctorApp(App[int]):
             parts.append(Text(f"{c} {format_bytes(n)}", style=CATEGORY_STYLE.get(c, "")))
             if i < len(shown) - 1:
                 parts.append(Text(", "))
-        self.query_one("#mod-detail", Static).update(Text.assemble(*parts))
+        self._q("#mod-detail", Static).update(Text.assemble(*parts))
 
     # ---- stage 2: findings ------------------------------------------------------------------
     def _show_findings(self, run: Run, facts, findings: list) -> None:
@@ -494,10 +545,10 @@ class MemdoctorApp(App[int]):
         self.stage = "diagnosed"
         self._render_headline()
         for wid in ("#fd-busy", "#rm-busy"):
-            self.query_one(wid).display = False
+            self._q(wid).display = False
         for wid in ("#fd-list", "#fd-detail", "#rm-body"):
-            self.query_one(wid).display = True
-        options = self.query_one("#fd-list", OptionList)
+            self._q(wid).display = True
+        options = self._q("#fd-list", OptionList)
         options.clear_options()
         if findings:
             options.add_options([
@@ -520,15 +571,15 @@ class MemdoctorApp(App[int]):
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         if event.option_list.id == "fd-list":
-            self.query_one("#fd-detail").focus()
+            self.screen.set_focus(self._q("#fd-detail"))     # at once: see _focus_pane
 
     def key_escape(self) -> None:
         if self.focused is not None and self.focused.id == "fd-detail":
-            self.query_one("#fd-list").focus()
+            self.screen.set_focus(self._q("#fd-list"))
 
     def _render_finding(self, i: int) -> None:
         from ..rules.registry import explain
-        target = self.query_one("#fd-text", Static)
+        target = self._q("#fd-text", Static)
         if not self.findings:
             from ..report.text import headline
             target.update(headline(self.findings, self.facts))
@@ -554,12 +605,12 @@ class MemdoctorApp(App[int]):
             parts.append(Text(f"memdoctor explain {f.rule}", style="bold underline"))
             parts += explain_renderables(doc)
         target.update(Group(*parts))
-        self.query_one("#fd-detail", VerticalScroll).scroll_home(animate=False)
+        self._q("#fd-detail", VerticalScroll).scroll_home(animate=False)
 
     # ---- remedies ---------------------------------------------------------------------------
     def _render_remedies(self) -> None:
-        head = self.query_one("#rm-head", Static)
-        body = self.query_one("#rm-table", Static)
+        head = self._q("#rm-head", Static)
+        body = self._q("#rm-table", Static)
         facts = self.facts
         if not self.findings:
             head.update(Text("no findings, so nothing to remedy", style="dim"))
@@ -594,17 +645,31 @@ class MemdoctorApp(App[int]):
 
     # ---- errors -------------------------------------------------------------------------------
     def _show_error(self, message: str) -> None:
+        """One line, in red, wherever the run could not be shown: in place of the overview
+        when nothing could be read, else under what was read (and in the panes still
+        waiting). q quits with exit code 2."""
         self.error = message
+        indexed = self.stage != "loading"
         self.stage = "error"
-        busy = self.query_one("#ov-busy", Busy)
-        busy.query_one(LoadingIndicator).display = False
-        busy.say(f"[b red]memdoctor: {Text(message).markup}[/]\n\npress q to quit")
-        for wid in ("#fd-busy", "#rm-busy"):
-            self.query_one(wid).display = False
-        self.query_one("#mod-tree", Tree).loading = False
-        self.query_one("#tl-plot", LivePlot).loading = False
-        self.query_one("#tl-caption", Static).update(Text(f"memdoctor: {message}", style="bold red"))
+        line = Text(f"memdoctor: {message}", style="bold red")
+        busy_panes = ["#fd-busy", "#rm-busy"] + ([] if indexed else ["#ov-busy"])
+        for wid in busy_panes:
+            busy = self._q(wid, Busy)
+            busy.query_one(LoadingIndicator).display = False
+            busy.say(Text.assemble(line, "\n\npress q to quit"))
+        if indexed:
+            self._q("#ov-headline", Static).update(Text.assemble(line, "\npress q to quit"))
+        else:
+            self._q("#tl-caption", Static).update(line)
+            self._q("#tl-plot", LivePlot).loading = False
+        tree = self._q("#mod-tree", Tree)
+        if tree.loading:
+            tree.loading = False
+            tree.root.set_label(line)
         self.action_show_tab("overview")
+
+    def on_unmount(self) -> None:
+        gc.unfreeze()          # what the loader froze is ordinary garbage again at exit
 
     def action_quit(self) -> None:
         if self.error:

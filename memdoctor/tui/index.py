@@ -72,21 +72,22 @@ class RunIndex:
         self.alloc = _int_array(blocks["alloc_seq"], 0)
         free = _int_array(blocks["free_seq"], -1)
         self.free = np.where(free < 0, NEVER, free)
-        self.names: Sequence[str] = blocks.get("name") or [""] * len(self.nbytes)
-        self.modules: Sequence[str | None] = blocks.get("module") or [None] * len(self.nbytes)
-        self.dtypes: Sequence[str] = blocks.get("dtype") or [""] * len(self.nbytes)
-        self.phases: Sequence[str] = blocks.get("phase") or ["other"] * len(self.nbytes)
-        self.steps = _int_array(blocks["step"], 0) if "step" in blocks else np.zeros(len(self.nbytes), np.int64)
-        self.shapes: Sequence[list[int]] | None = blocks.get("shape")    # may arrive later
+        # what the tensors are (names, modules, ...) may arrive later: see attach()
+        self.names: Sequence[str] | None = None
+        self.modules: Sequence[str | None] | None = None
+        self.dtypes: Sequence[str] | None = None
+        self.phases: Sequence[str] | None = None
+        self.steps: np.ndarray | None = None
+        self.shapes: Sequence[list[int]] | None = None
+        self.attach(blocks)
         cats = blocks["category"]
         self.categories: list[str] = list(CATEGORIES)
         codes_of = {c: i for i, c in enumerate(self.categories)}
-        for c in dict.fromkeys(cats):            # categories beyond the known seven, in order
-            if c not in codes_of:
-                codes_of[c] = len(self.categories)
-                self.categories.append(c)
+        for c in sorted(set(cats) - set(codes_of), key=str):    # beyond the known seven
+            codes_of[c] = len(self.categories)
+            self.categories.append(c)
         self.category_names = cats
-        self.codes = np.fromiter((codes_of[c] for c in cats), dtype=np.int16, count=len(cats))
+        self.codes = np.fromiter(map(codes_of.__getitem__, cats), dtype=np.int16, count=len(cats))
 
         # per category: sorted alloc/free seqs and the running sums of their bytes
         self._cum: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
@@ -114,6 +115,26 @@ class RunIndex:
             self.peak_seq, self.peak_bytes = 0, 0
         self._by_size = np.argsort(-self.nbytes, kind="stable")
         self._mark_seqs = [m.seq for m in header.marks]
+
+    def attach(self, columns: dict[str, Sequence]) -> None:
+        """Add the columns that say what each block is (name, module, dtype, phase, step,
+        shape), when they are parsed after the index was built."""
+        if "name" in columns:
+            self.names = columns["name"]
+        if "module" in columns:
+            self.modules = columns["module"]
+        if "dtype" in columns:
+            self.dtypes = columns["dtype"]
+        if "phase" in columns:
+            self.phases = columns["phase"]
+        if "step" in columns:
+            self.steps = _int_array(columns["step"], 0)
+        if "shape" in columns:
+            self.shapes = columns["shape"]
+
+    @property
+    def has_details(self) -> bool:
+        return self.names is not None and self.modules is not None
 
     # ---- construction -------------------------------------------------------------
     @classmethod
@@ -158,11 +179,15 @@ class RunIndex:
         return found
 
     def tensor(self, row: int) -> Tensor:
+        """One block as the TUI shows it; fields not parsed yet are empty (None / "")."""
         cat = self.category_names[row]
-        return Tensor(name=self.names[row], category=cat, nbytes=int(self.nbytes[row]),
+        return Tensor(name=self.names[row] if self.names is not None else "", category=cat,
+                      nbytes=int(self.nbytes[row]),
                       shape=self.shapes[row] if self.shapes is not None else None,
-                      dtype=self.dtypes[row], module=self.module_of(row), phase=self.phases[row],
-                      step=int(self.steps[row]))
+                      dtype=self.dtypes[row] if self.dtypes is not None else "",
+                      module=self.module_of(row) if self.has_details else None,
+                      phase=self.phases[row] if self.phases is not None else "",
+                      step=int(self.steps[row]) if self.steps is not None else 0)
 
     def module_of(self, row: int) -> str | None:
         return module_of(_Owner(self.category_names[row], self.names[row], self.modules[row]))
@@ -185,16 +210,16 @@ class RunIndex:
 
     # ---- the curve, downsampled -------------------------------------------------------
     def buckets(self, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(max live bytes, seq of that max, first seq) for `width` equal slices of the run."""
-        n = self.num_events
-        width = max(1, min(width, n)) if n else 1
+        """(max live bytes, seq of that max, first seq) for each of `width` columns: equal
+        slices of the run; with fewer events than columns an event spans several columns."""
+        n, width = self.num_events, max(1, width)
         if not n:
             zero = np.zeros(1, dtype=np.int64)
             return zero, zero, zero
-        starts = np.linspace(0, n, width + 1).astype(np.int64)[:-1]
-        starts = np.unique(starts)
+        starts = (np.arange(width, dtype=np.int64) * n) // width
+        ends = np.maximum(np.append(starts[1:], n), starts + 1)
+        # reduceat gives curve[start] where a start repeats: exactly the one event it spans
         maxes = np.maximum.reduceat(self.curve, starts)
-        ends = np.append(starts[1:], n)
         where = np.array([s + int(np.argmax(self.curve[s:e])) for s, e in zip(starts.tolist(), ends.tolist())],
                          dtype=np.int64)
         return maxes, where, starts

@@ -31,25 +31,54 @@ class _Unexpected(Exception):
 
 
 @dataclass
+class _Slice:
+    """A column left unparsed: text[start:end] is its JSON array."""
+    start: int
+    end: int
+    kind: str           # "ints", "strings" or "shapes"
+
+
+# what the overview needs; every other column is parsed later, off the critical path
+OVERVIEW_COLUMNS = {"nbytes", "category", "alloc_seq", "free_seq"}
+DETAIL_COLUMNS = ("name", "module", "dtype", "phase", "step", "shape")
+
+
+@dataclass
 class Loaded:
-    """A run read for the TUI: the index now, the rest (shapes, a full Run) on demand."""
+    """A run read for the TUI: the index now, the rest (names, shapes, events, a full Run)
+    on demand."""
     index: RunIndex
     data: dict[str, Any]                 # the top-level JSON values (events/blocks as columns)
-    shape_text: str | None = None        # the shape column, still text
+    text: str | None = None              # the file's text while columns are still unparsed
     run: Run | None = None
 
-    def parse_shapes(self, tick: Callable[[], None] | None = None) -> list:
-        if self.index.shapes is None:
-            self.index.shapes = _parse_nested_int_lists(self.shape_text or "[]", tick)
-            self.data["blocks"]["shape"] = self.index.shapes
-            self.shape_text = None
-        return self.index.shapes
+    def _resolve(self, where: str, names, tick: Callable[[], None] | None) -> None:
+        columns = self.data.get(where, {})
+        for name in names:
+            value = columns.get(name)
+            if isinstance(value, _Slice):
+                columns[name] = _parse_slice(self.text, value, tick)
+                if tick:
+                    tick()
+        if not any(isinstance(v, _Slice) for part in ("events", "blocks")
+                   for v in self.data.get(part, {}).values()):
+            self.text = None
+
+    def parse_details(self, tick: Callable[[], None] | None = None) -> None:
+        """Names, modules, dtypes, phases, steps and shapes: what the timeline's tensors and
+        the modules tree show."""
+        if self.run is not None or not self.data:
+            return
+        self._resolve("blocks", DETAIL_COLUMNS, tick)
+        self.index.attach({k: self.data["blocks"][k] for k in DETAIL_COLUMNS})
 
     def build_run(self, tick: Callable[[], None] | None = None) -> Run:
-        """The full Run (for the rules): the columns back to lists, then Run.from_dict."""
+        """The full Run (for the rules): every column parsed, back to lists, Run.from_dict."""
         if self.run is not None:
             return self.run
-        self.parse_shapes(tick)
+        self.parse_details(tick)
+        self._resolve("events", list(self.data["events"]), tick)
+        self._resolve("blocks", list(self.data["blocks"]), tick)
         data = dict(self.data)
         data["events"] = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in data["events"].items()}
         cols = {}
@@ -78,44 +107,41 @@ def load(path: str | os.PathLike, tick: Callable[[], None] | None = None) -> Loa
     """Read a run file into a Loaded. Raises RunFileError (one line) for a bad file."""
     text = read_text(path)
     try:
-        data, shape_text = _walk(text, tick)
-    except _Unexpected:
-        data, shape_text = None, None
-    except (ValueError, IndexError):
-        data, shape_text = None, None
-    if data is None:                    # not the layout we know: the careful reader decides
+        data = _walk(text, tick)
+        index = _index(data, text)
+    except RunFileError:                # not a run file, or another version: said as it is
+        raise
+    except Exception:                   # not the layout we know: the careful reader decides
         run = Run.load(path)
         return Loaded(index=RunIndex.from_run(run), data={}, run=run)
-    return Loaded(index=_index(data), data=data, shape_text=shape_text)
+    return Loaded(index=index, data=data, text=text)
 
 
 def from_run(run: Run) -> Loaded:
     return Loaded(index=RunIndex.from_run(run), data={}, run=run)
 
 
-def _index(data: dict[str, Any]) -> RunIndex:
+def _index(data: dict[str, Any], text: str) -> RunIndex:
+    """The index from the overview's columns. Anything damaged raises _Unexpected, so that
+    Run.load reads the file again and words the error."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise RunFileError("not a memdoctor run file")
     if data.get("version") != VERSION:
         raise RunFileError(f"run file version {data.get('version')!r} is not supported (expected {VERSION})")
-    try:
-        events, blocks = data["events"], data["blocks"]
-        n = len(events["action"])
-        if not (n == len(events["block"]) == len(events["bytes"])):
-            raise RunFileError("run file is damaged: event columns differ in length")
-        names = [k for k in Block.__dataclass_fields__ if k != "shape"]
-        count = len(blocks["id"])
-        if any(len(blocks[k]) != count for k in names):
-            raise RunFileError("run file is damaged: block columns differ in length")
-        header = Header(source=data["source"], device=data["device"] or {}, budget_bytes=data["budget_bytes"],
-                        script=data["script"], argv=data["argv"], torch_version=data["torch_version"],
-                        marks=[Mark(**m) for m in data["marks"]], ooms=[OOM(**o) for o in data["ooms"]],
-                        meta=data["meta"] or {})
-        return RunIndex(header, n, blocks)
-    except RunFileError:
-        raise
-    except (KeyError, TypeError, ValueError) as exc:
-        raise RunFileError(f"run file is damaged: {type(exc).__name__}: {exc}") from None
+    events, blocks = data["events"], data["blocks"]
+    n = _count(events["action"], text)
+    if not (n == _count(events["block"], text) == _count(events["bytes"], text)):
+        raise _Unexpected
+    if set(blocks) != set(Block.__dataclass_fields__):
+        raise _Unexpected
+    count = len(blocks["nbytes"])
+    if any(len(blocks[k]) != count for k in OVERVIEW_COLUMNS):
+        raise _Unexpected
+    header = Header(source=data["source"], device=data["device"] or {}, budget_bytes=data["budget_bytes"],
+                    script=data["script"], argv=data["argv"], torch_version=data["torch_version"],
+                    marks=[Mark(**m) for m in data["marks"]], ooms=[OOM(**o) for o in data["ooms"]],
+                    meta=data["meta"] or {})
+    return RunIndex(header, n, {k: blocks[k] for k in OVERVIEW_COLUMNS})
 
 
 # ---- the walker ----------------------------------------------------------------------
@@ -148,22 +174,25 @@ def _walk_object(text: str, pos: int, value: Callable[[str, str, int], tuple[Any
         pos += 1
 
 
-def _walk(text: str, tick: Callable[[], None] | None) -> tuple[dict, str | None]:
-    shape_text: list[str] = []
-
+def _walk(text: str, tick: Callable[[], None] | None) -> dict:
     def column(text: str, key: str, pos: int) -> tuple[Any, int]:
-        if tick:
-            tick()
         if text[pos] != "[":
             return _DEC.raw_decode(text, pos)
+        if key in OVERVIEW_COLUMNS:
+            if tick:
+                tick()
+            ints = _int_column(text, pos)
+            return ints if ints is not None else _DEC.raw_decode(text, pos)
         if key == "shape":
             end = _end_of_nested_int_lists(text, pos)
-            shape_text.append(text[pos:end])
-            return None, end
-        ints = _int_column(text, pos)
-        if ints is not None:
-            return ints
-        return _DEC.raw_decode(text, pos)
+            return _Slice(pos, end, "shapes"), end
+        end = text.find("]", pos)
+        if end < 0:
+            raise _Unexpected
+        if '"' not in text[pos:end]:            # numbers and nulls: the first ] closes it
+            return _Slice(pos, end + 1, "ints"), end + 1
+        end = _end_of_string_array(text, pos)
+        return _Slice(pos, end, "strings"), end
 
     def top(text: str, key: str, pos: int) -> tuple[Any, int]:
         if tick:
@@ -175,11 +204,46 @@ def _walk(text: str, tick: Callable[[], None] | None) -> tuple[dict, str | None]
     data, pos = _walk_object(text, 0, top)
     if text[pos:].strip():
         raise _Unexpected
-    blocks = data.get("blocks")
-    if isinstance(blocks, dict) and "shape" in blocks and blocks["shape"] is None:
-        del blocks["shape"]
-        return data, shape_text[0] if shape_text else None
-    return data, None
+    return data
+
+
+def _count(column: Any, text: str) -> int:
+    """Values in a column, parsed or not (an unparsed int array: its commas, plus one)."""
+    if not isinstance(column, _Slice):
+        return len(column)
+    if column.kind != "ints":
+        raise _Unexpected
+    if not text[column.start + 1:column.end - 1].strip():
+        return 0
+    return text.count(",", column.start, column.end) + 1
+
+
+def _parse_slice(text: str, part: _Slice, tick: Callable[[], None] | None) -> Any:
+    if part.kind == "shapes":
+        return _parse_nested_int_lists(text[part.start:part.end], tick)
+    if part.kind == "ints":
+        ints = _int_column(text, part.start)
+        if ints is not None:
+            return ints[0]
+    value, end = _DEC.raw_decode(text, part.start)
+    if end != part.end:
+        raise RunFileError("run file is damaged: a column does not end where expected")
+    return value
+
+
+def _end_of_string_array(text: str, pos: int) -> int:
+    """End of a JSON array of strings and nulls starting at pos: the first `]` with an even
+    number of quotes before it. Text with backslashes (escapes) is left to the parser."""
+    start = pos
+    while True:
+        end = text.find("]", pos)
+        if end < 0:
+            raise _Unexpected
+        if text.count("\\", start, end):
+            raise _Unexpected
+        if text.count('"', start, end) % 2 == 0:
+            return end + 1
+        pos = end + 1
 
 
 def _int_column(text: str, pos: int) -> tuple[np.ndarray, int] | None:

@@ -90,7 +90,8 @@ class LivePlot(Widget, can_focus=True):
 
     # ---- geometry ---------------------------------------------------------------
     def _columns(self) -> None:
-        width = max(self.size.width, 1)
+        # a pane just switched to has no size until its next layout: keep the last width
+        width = self.size.width or (self._width if self._width > 0 else max(self.app.size.width - 2, 1))
         if self.index is not None and width != self._width:
             self._maxes, self._where, self._starts = self.index.buckets(width)
             self._width = width
@@ -112,7 +113,11 @@ class LivePlot(Widget, can_focus=True):
         """Move by whole columns, landing on the highest instant of the column."""
         if self.index is None:
             return
-        col = min(max(self.column_of(self.seq) + columns, 0), len(self._where) - 1)
+        last = len(self._where) - 1
+        col = min(max(self.column_of(self.seq) + columns, 0), last)
+        step = 1 if columns > 0 else -1
+        while 0 < col < last and int(self._where[col]) == self.seq:   # an event wider than a column
+            col += step
         self._set(int(self._where[col]))
 
     def action_page(self, direction: int) -> None:
@@ -142,7 +147,7 @@ class LivePlot(Widget, can_focus=True):
         self.refresh()
 
     def on_resize(self) -> None:
-        self._width = -1
+        self._columns()
 
     # ---- drawing -----------------------------------------------------------------
     def render(self) -> Text:
@@ -154,7 +159,8 @@ class LivePlot(Widget, can_focus=True):
         budget = ix.header.budget_bytes or ix.header.device.get("capacity_bytes")
         top = max(int(self._maxes.max()), budget or 0, 1)
         levels = np.round(self._maxes / top * height * 8).astype(np.int64)
-        cursor = self.column_of(self.seq)
+        first = int(np.searchsorted(self._starts, self.seq, "left"))
+        cursor_cols = range(min(first, self.column_of(self.seq)), self.column_of(self.seq) + 1)
         oom_col = self.column_of(ix.header.ooms[0].seq) if ix.header.ooms else -1
         budget_row = height - 1 - min(int(budget / top * height), height - 1) if budget else -1
         out = Text(no_wrap=True, overflow="crop")
@@ -165,7 +171,7 @@ class LivePlot(Widget, can_focus=True):
             for col, level in enumerate(levels.tolist()):
                 fill = min(max(level - base, 0), 8)
                 ch = _EIGHTHS[fill]
-                if col == cursor:
+                if col in cursor_cols:
                     style = cur_style
                     if fill == 0:
                         ch = "│"
@@ -176,8 +182,13 @@ class LivePlot(Widget, can_focus=True):
                 else:
                     style = bar_style
                 line.append((ch, style))
-            for ch, style in line:
-                out.append(ch, style)
+            run_text, run_style = "", None
+            for ch, style in line:                  # one span per run of a style, not per cell
+                if style != run_style and run_text:
+                    out.append(run_text, run_style)
+                    run_text = ""
+                run_text, run_style = run_text + ch, style
+            out.append(run_text, run_style)
             if row < height - 1:
                 out.append("\n")
         return out
