@@ -8,6 +8,7 @@ step or the module changed.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import tempfile
@@ -251,8 +252,8 @@ def _check_columns(where: str, kind: type, columns: dict[str, Any]) -> None:
         elif hint in _ALLOWED:
             ok = set(map(type, values)) <= _ALLOWED[hint]
         elif hint in _LISTS_OF:
-            inner = _LISTS_OF[hint]
-            ok = all(type(v) is list and set(map(type, v)) <= inner for v in values)
+            ok = (set(map(type, values)) <= {list}
+                  and set(map(type, itertools.chain.from_iterable(values))) <= _LISTS_OF[hint])
         else:
             ok = True
         if not ok:

@@ -18,11 +18,19 @@ from ..run import OOM, Action, Block, Category, Mark, Phase, Run, stronger
 log = logging.getLogger("memdoctor")
 
 
+class _StorageRef(weakref.ref):
+    """The weak reference to a live storage, which also says which block it is: one object
+    per live storage (not a closure, a tuple and a plain weakref), so fewer objects for the
+    garbage collector to walk while a long run records."""
+    __slots__ = ("key", "block")
+
+
 class Recorder:
     def __init__(self, run: Run):
         self.run = run
         self.active = True
-        self.live: dict[int, tuple[Block, Any]] = {}
+        self.live: dict[int, _StorageRef] = {}
+        self._on_free_callback = self._on_free     # one bound method shared by every weakref
         self.live_bytes = 0
         self.peak_bytes = 0
         self.peak_seq = 0
@@ -39,6 +47,7 @@ class Recorder:
         self._t0 = time.perf_counter()
         self._next_id = 0
         self._dtype_names: dict[Any, str] = {}
+        self._device_names: dict[Any, str] = {}
         self.mark()
 
     # ---- where the run is ---------------------------------------------------------
@@ -50,10 +59,7 @@ class Recorder:
         marks = self.run.marks
         seq = len(self.run.actions)
         m = Mark(seq, self.phase, self.step, module, round(time.perf_counter() - self._t0, 6))
-        if marks and marks[-1].seq == seq and self.claims is None:
-            marks[-1] = m
-        else:
-            marks.append(m)
+        marks.append(m)       # kept even when empty: a fused optimizer step allocates nothing
         if self.on_mark is not None:
             self.on_mark(len(marks) - 1)
 
@@ -78,14 +84,16 @@ class Recorder:
 
     def add(self, tensor, name: str, category: str, phase: str | None = None) -> Block | None:
         """Count `tensor`'s storage if it is new; returns its Block either way."""
-        got = self.storage_key(tensor)
-        if got is None:
+        try:                    # storage_key(), inlined: this runs for every op's output
+            storage = tensor.untyped_storage()
+        except Exception:
             return None
-        storage, key = got
+        key = storage._cdata
         entry = self.live.get(key)
         if entry is not None:
-            block = entry[0]
-            block.category = stronger(category, block.category)
+            block = entry.block
+            if block.category != category:
+                block.category = stronger(category, block.category)
             return block
         nbytes = storage.nbytes()
         if self.budget is not None:
@@ -95,31 +103,34 @@ class Recorder:
     def _alloc(self, storage, key, nbytes, tensor, name, category, phase) -> Block:
         run = self.run
         seq = len(run.actions)
-        dtype = tensor.dtype
+        dtype, device = tensor.dtype, tensor.device
         dname = self._dtype_names.get(dtype)
         if dname is None:
             dname = self._dtype_names[dtype] = str(dtype).replace("torch.", "")
+        devname = self._device_names.get(device)
+        if devname is None:
+            devname = self._device_names[device] = str(device)
         block = Block(self._next_id, nbytes, category, name, list(tensor.shape), dname,
-                      str(tensor.device), self.module, phase or self.phase, self.step, seq)
+                      devname, self.module, phase or self.phase, self.step, seq)
         self._next_id += 1
         run.blocks[block.id] = block
         run.actions.append(Action.ALLOC)
         run.event_blocks.append(block.id)
         run.event_bytes.append(nbytes)
-        self.live[key] = (block, weakref.ref(storage, self._freed_callback(key)))
+        ref = _StorageRef(storage, self._on_free_callback)
+        ref.key, ref.block = key, block
+        self.live[key] = ref
         self.live_bytes += nbytes
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
             self.peak_seq = seq
         return block
 
-    def _freed_callback(self, key: int):
-        def freed(_ref, key=key, recorder=self):
-            try:
-                recorder.free(key)
-            except Exception as exc:    # runs inside CPython's weakref machinery: never raise
-                recorder.frees_broken(exc)
-        return freed
+    def _on_free(self, ref: _StorageRef) -> None:
+        try:
+            self.free(ref.key)
+        except Exception as exc:    # runs inside CPython's weakref machinery: never raise
+            self.frees_broken(exc)
 
     def frees_broken(self, exc: Exception) -> None:
         """Frees can no longer be recorded, so live bytes only grow from here: stop, and drop
@@ -135,7 +146,7 @@ class Recorder:
         entry = self.live.pop(key, None)
         if entry is None:
             return
-        block = entry[0]
+        block = entry.block
         run = self.run
         block.free_seq = len(run.actions)
         run.actions.append(Action.FREE)
