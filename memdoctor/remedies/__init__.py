@@ -33,6 +33,8 @@ _LAZY = {
     "oom_proof_accumulate": "autobatch",
     "use_fused_optimizer": "fused",
     "OptimizerSwap": "fused",
+    "chunked_cross_entropy": "chunked_ce",
+    "injected": "inject",
 }
 
 __all__ = ["Plan", *_LAZY]

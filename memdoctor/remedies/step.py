@@ -142,6 +142,9 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan | str
         if plan.zero is not None:
             handles.append(apply_zero(model, optimizer, plan.zero))
             optimizer = getattr(handles[-1], "optimizer", optimizer)
+            if precision.scaler is not None and hasattr(handles[-1], "sharded_grad_scaler"):
+                # each rank checks only its shard for inf: the ranks must agree to skip a step
+                precision.scaler = handles[-1].sharded_grad_scaler(precision.scaler)
         if plan.micro_batch is not None:
             how = "halving on out-of-memory" if plan.micro_batch == "auto" else f"of {plan.micro_batch} samples"
             handles.append(Handle(f"micro-batches {how}"))
