@@ -43,9 +43,13 @@ def check(f: Facts) -> Finding | None:
                 + (f" when {format_bytes(f.requested_bytes)} more was asked for in {f.oom_phase}" if f.oom else "")]
     if modules:
         evidence.append("largest savers: " + ", ".join(f"{m} {format_bytes(n)}" for m, n in modules))
+    blocks = _block_activations(f)
+    # checkpointed: each block's input stays; backward recomputes one block at a time, and
+    # that block's saved tensors meet their gradients
+    ckpt_full = fixed + 2 * max(blocks.values()) + scaling // 8 if len(blocks) >= 2 else fixed + scaling // 4
     remedies = [
         Remedy("activation checkpointing per block", "Plan(checkpointing='full'): keep block inputs only, recompute in backward",
-               fixed + scaling // 4, "ckpt=full"),
+               ckpt_full, "ckpt=full"),
         Remedy("selective checkpointing", "Plan(checkpointing='selective'): keep matmul outputs, recompute pointwise ops",
                fixed + scaling // 2, "ckpt=selective"),
         Remedy("micro-batches of a quarter", "Plan(micro_batch=...) with gradient accumulation: same effective batch",
@@ -61,6 +65,22 @@ def check(f: Facts) -> Finding | None:
 def _step_temporaries(f: Facts) -> int:
     return sum(b.nbytes for b in f.focus_blocks
                if b.category == "temporaries" and b.step == f.focus.step and b.phase in ("forward", "backward"))
+
+
+def _block_activations(f: Facts) -> dict[str, int]:
+    """Saved bytes per repeated block: modules grouped by their path up to the first index
+    ("blocks.3.attn" -> "blocks.3")."""
+    by: dict[str, int] = {}
+    for b in f.focus_blocks:
+        if b.category != "activations" or b.step != f.focus.step or not b.module:
+            continue
+        parts = b.module.split(".")
+        cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+        if cut is None:
+            continue
+        key = ".".join(parts[:cut + 1])
+        by[key] = by.get(key, 0) + b.nbytes
+    return by
 
 
 def _top_modules(f: Facts, limit: int = 4) -> list[tuple[str, int]]:

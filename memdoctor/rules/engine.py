@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from .base import Finding
+from .base import Finding, fits
 from .facts import Facts
 from .registry import FALLBACK, RULES, load
 
@@ -25,7 +25,23 @@ def diagnose(facts: Facts, select: list[str] | None = None) -> list[Finding]:
             found = load(rule_id).check(facts)
             if found is not None:
                 findings.append(found)
+    for finding in findings:
+        _add_pending_state(finding, facts)
     return rank(findings)
+
+
+def _add_pending_state(finding: Finding, facts: Facts) -> None:
+    """Rules predict from the moment of the OOM; if that came before the optimizer made
+    its state, the fixed run's later steps carry that state on top."""
+    pending = facts.pending_state_bytes if facts.source == "run" else 0
+    if not pending or finding.rule == "model-states":      # model-states counts it already
+        return
+    for remedy in finding.remedies:
+        if remedy.predicted_peak_bytes is not None:
+            remedy.predicted_peak_bytes += pending
+    predicted = [r.predicted_peak_bytes for r in finding.remedies if r.predicted_peak_bytes is not None]
+    if predicted:
+        finding.fits_after_fix = fits(facts, min(predicted))
 
 
 def rank(findings: list[Finding]) -> list[Finding]:

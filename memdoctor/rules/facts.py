@@ -78,6 +78,14 @@ class Facts:
         return weights + grads + max(self.cat(S), self.state_bytes_full)
 
     @property
+    def pending_state_bytes(self) -> int:
+        """Optimizer state not made yet (the run stopped before its first step): every
+        later step's peak will carry it, so predictions for a fixed run must too."""
+        if self.oom_phase == "optimizer":
+            return 0            # the state being made is already in the numbers
+        return max(self.state_bytes_full - self.cat(S), 0)
+
+    @property
     def param_bytes(self) -> int:
         return (self.optimizer or {}).get("param_bytes", 0)
 

@@ -113,6 +113,19 @@ class OwnershipHooks:
         self._claim_state(optimizer)
 
     @guarded
+    def find_unstepped_optimizers(self) -> None:
+        """An OOM before the first `optimizer.step()` leaves the optimizer unseen by the step
+        hooks; the rules still need to know it (its state is coming). Look for optimizers
+        over the models' parameters once, at the end, only in that case."""
+        if self.optimizers or not self.param_names:
+            return
+        import gc
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.optim.Optimizer) and any(
+                    id(p) in self.param_names for g in obj.param_groups for p in g["params"]):
+                self.adopt_optimizer(obj)
+
+    @guarded
     def claim_all_state(self) -> None:
         """Claim what optimizers hold now: a step cut short by an OOM never reaches the
         post-step hook, but the state it created is already in `optimizer.state`."""

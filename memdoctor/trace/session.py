@@ -72,6 +72,7 @@ class Tracer:
         rec = self.recorder
         if self.allocator is None:
             self.mode.__exit__(None, None, None)
+        self.hooks.find_unstepped_optimizers()
         self.hooks.claim_all_state()
         self.hooks.remove()
         oom_message = str(exc).strip() if isinstance(exc, torch.OutOfMemoryError) else None
