@@ -24,11 +24,16 @@ def breakdown_table(b: Breakdown, title: str) -> Table:
 
 def top_table(b: Breakdown, limit: int = 8) -> Table:
     table = Table(title="largest tensors alive", title_justify="left")
-    for col in ("tensor", "category", "bytes", "shape", "dtype", "module", "phase", "step"):
-        table.add_column(col, justify="right" if col in ("bytes", "step") else "left")
+    table.add_column("tensor", overflow="fold")
+    table.add_column("category", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("shape dtype", overflow="fold")
+    table.add_column("module", overflow="fold")
+    table.add_column("made in", no_wrap=True)
     for t in b.top[:limit]:
-        table.add_row(t.name or "?", t.category, format_bytes(t.nbytes), "x".join(map(str, t.shape)) or "()",
-                      t.dtype, t.module or "-", t.phase, str(t.step))
+        shape = "x".join(map(str, t.shape)) or "()"
+        table.add_row(t.name or "?", t.category, format_bytes(t.nbytes), f"{shape} {t.dtype}",
+                      t.module or "-", f"{t.phase} {t.step}")
     return table
 
 
