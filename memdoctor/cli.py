@@ -119,7 +119,6 @@ def cmd_trace(ns) -> int:
     _check_script(ns.script)
     from .attribution import at_peak
     from .report.json import dumps, trace_json
-    from .trace.session import trace_script
     result = _traced(ns)
     run = result.run
     peak = at_peak(run)

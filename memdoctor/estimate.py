@@ -51,7 +51,7 @@ from .attribution import breakdown_at, live_blocks
 from .remedies.plan import Plan
 from .run import Action, Block, CATEGORIES, Category, Run
 
-__all__ = ["Estimate", "EstimateError", "estimate", "estimate_built", "train_step", "anchors", "CUDA_CONTEXT_BYTES",
+__all__ = ["Estimate", "EstimateError", "estimate", "estimate_built", "train_step", "CUDA_CONTEXT_BYTES",
            "cublas_workspace_bytes", "CUBLASLT_WORKSPACE_BYTES"]
 
 # The CUDA context (driver state, kernel images of the loaded modules, cuBLAS/cuDNN handles'

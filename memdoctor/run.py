@@ -221,17 +221,25 @@ class Run:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Run":
+        text = read_run_text(path)
         try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-        except OSError as exc:
-            raise RunFileError(f"cannot read run file {os.fspath(path)!r}: {exc.strerror or exc}") from None
-        try:
-            text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
             data = json.loads(text)
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError) as exc:
+        except ValueError as exc:
             raise RunFileError(f"{os.fspath(path)!r} is not a readable run file ({type(exc).__name__})") from None
         return cls.from_dict(data)
+
+
+def read_run_text(path: str | os.PathLike) -> str:
+    """The JSON text of a run file, gzip-compressed or not; RunFileError (one line) if not."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise RunFileError(f"cannot read run file {os.fspath(path)!r}: {exc.strerror or exc}") from None
+    try:
+        return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise RunFileError(f"{os.fspath(path)!r} is not a readable run file ({type(exc).__name__})") from None
 
 
 # What each annotated field may hold once read back from JSON (bool is not an int here).

@@ -1,6 +1,6 @@
 """Where do replayed live bytes and memory_allocated() disagree? Prints each mismatched
 phase boundary with its mark and the nearby events."""
-import json, os, subprocess, sys
+import json, subprocess, sys
 import torch, transformers
 from memdoctor.attribution import live_curve
 from memdoctor.trace.session import Tracer

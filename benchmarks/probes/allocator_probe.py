@@ -1,6 +1,6 @@
 """Probe what this torch's allocator history records: trace entry fields, memory metadata,
 and whether a TorchDispatchMode sees ops that autograd runs on its device thread."""
-import json, os, sys, torch
+import json, os, torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 out = {"torch": torch.__version__, "has_set_metadata": hasattr(torch._C, "_cuda_setMemoryMetadata")}

@@ -16,7 +16,7 @@ import torch
 
 from ..run import Category, Mark, Phase, Run, Sample
 from ..trace.budget import cap_cuda
-from ..trace.recorder import Recorder, log
+from ..trace.recorder import Recorder
 from .snapshot import snapshot_to_run
 
 MAX_ENTRIES = 2_000_000

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..attribution import Breakdown, breakdown_at, live_curve, peak, per_step
-from ..run import Action, Block, Category, Phase, Run
+from ..attribution import Breakdown, breakdown_at, peak, per_step
+from ..run import Block, Category, Phase, Run
 
 W, G, S = Category.WEIGHTS.value, Category.GRADIENTS.value, Category.OPTIMIZER_STATE.value
 ACT, TMP, INP = Category.ACTIVATIONS.value, Category.TEMPORARIES.value, Category.INPUTS.value

@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-from ..run import OOM, Action, Block, Category, Mark, Phase, Run, stronger
+from ..run import OOM, Action, Block, Mark, Phase, Run, stronger
 
 log = logging.getLogger("memdoctor")
 

@@ -13,10 +13,10 @@ import torch
 
 from ..run import Phase, Run
 from ..units import parse_size
-from .budget import SimulatedBudget, cap_cuda
+from .budget import SimulatedBudget
 from .dispatch import DispatchSource
 from .hooks import OwnershipHooks
-from .recorder import Recorder, log
+from .recorder import Recorder
 
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+ ?[KMGT]?i?B)")
 

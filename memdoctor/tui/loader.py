@@ -10,16 +10,14 @@ which has the one-line error messages for broken files.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from ..run import FORMAT, OOM, VERSION, Block, Mark, Run, RunFileError
+from ..run import FORMAT, OOM, VERSION, Block, Mark, Run, RunFileError, read_run_text
 from .index import Header, RunIndex
 
 _WS = " \t\n\r"
@@ -91,21 +89,9 @@ class Loaded:
         return self.run
 
 
-def read_text(path: str | os.PathLike) -> str:
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise RunFileError(f"cannot read run file {os.fspath(path)!r}: {exc.strerror or exc}") from None
-    try:
-        return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-        raise RunFileError(f"{os.fspath(path)!r} is not a readable run file ({type(exc).__name__})") from None
-
-
 def load(path: str | os.PathLike, tick: Callable[[], None] | None = None) -> Loaded:
     """Read a run file into a Loaded. Raises RunFileError (one line) for a bad file."""
-    text = read_text(path)
+    text = read_run_text(path)
     try:
         data = _walk(text, tick)
         index = _index(data, text)

@@ -29,7 +29,7 @@ def _memory_worker(device) -> dict:
     from torch import nn
 
     from memdoctor.remedies.zero import apply_zero
-    from tests.test_zero import s01_model, s01_steps
+    from tests.test_zero import s01_model
 
     out = {}
     for config in ("ddp", "zero2", "zero3"):
