@@ -120,8 +120,9 @@ class OwnershipHooks:
         if self.optimizers or not self.param_names:
             return
         import gc
-        for obj in gc.get_objects():
-            if isinstance(obj, torch.optim.Optimizer) and any(
+        optimizer_type = torch.optim.Optimizer
+        for obj in gc.get_objects():     # type(), not isinstance(): touches no lazy attributes
+            if issubclass(type(obj), optimizer_type) and any(
                     id(p) in self.param_names for g in obj.param_groups for p in g["params"]):
                 self.adopt_optimizer(obj)
 
