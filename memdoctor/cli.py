@@ -90,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also show torch MemTracker's, DeepSpeed's and accelerate's figures (slower)")
     p.add_argument("-o", "--output", metavar="RUN", help="also save the predicted run here")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    p = sub.add_parser("plan", help="find the cheapest remedies that fit a memory budget, without running")
+    p.add_argument("--model", required=True, metavar="NAME", help="a known model, as `memdoctor estimate` takes")
+    p.add_argument("--batch", type=int, default=8, help="samples per step (default 8)")
+    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--budget", type=_size, required=True, metavar="SIZE", help="the allocator's limit, e.g. 32GiB")
+    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks (adds ZeRO-2 plans)")
+    p.add_argument("--json", action="store_true", help="print a JSON list of candidates")
     return parser
 
 
@@ -358,8 +366,34 @@ def cmd_estimate(ns) -> int:
     return EXIT_OOM if est.fits is False else EXIT_OK
 
 
+def cmd_plan(ns) -> int:
+    import json
+    from .remedies.planner import plan_for_budget
+    from .units import format_bytes as format_size
+    if ns.batch < 1 or ns.world_size < 1 or (ns.seq is not None and ns.seq < 1):
+        raise UsageError("--batch, --seq and --world-size must be at least 1")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            cands = plan_for_budget(ns.model, ns.batch, ns.seq, ns.budget, world_size=ns.world_size)
+    except ValueError as exc:
+        raise UsageError(str(exc).splitlines()[0] if str(exc) else "bad input") from None
+    fitting = [c for c in cands if c.fits]
+    if ns.json:
+        print(json.dumps([c.to_dict() for c in (fitting or cands[:5])], indent=2))
+    else:
+        shown = fitting or cands[:5]
+        print(f"{ns.model} batch {ns.batch}" + (f" seq {ns.seq}" if ns.seq else "") +
+              f", budget {format_size(ns.budget)}: " +
+              (f"{len(fitting)} plans fit, first choice on top" if fitting else
+               "no plan fits; the closest ones:"))
+        print(f"{'plan':<44} {'peak reserved':>13} {'cost':>6}  note")
+        for c in shown:
+            print(f"{str(c.plan):<44} {format_size(c.predicted_peak_reserved):>13} {c.cost:>6.2f}  {c.note}")
+    return EXIT_OK if fitting else EXIT_OOM
+
+
 COMMANDS = {"trace": cmd_trace, "diagnose": cmd_diagnose, "explain": cmd_explain, "tui": cmd_tui,
-            "report": cmd_report, "estimate": cmd_estimate}
+            "report": cmd_report, "estimate": cmd_estimate, "plan": cmd_plan}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,308 @@
+"""The planner: which combination of remedies fits a memory budget at the least cost.
+
+    cands = plan_for_budget("gpt2-1.5b", batch=8, seq=1024, budget_bytes=32 * GiB)
+    cands[0].plan, cands[0].fits, cands[0].cost
+
+How it searches (fast enough for GPT-2 1.5B on a CPU, where one estimate takes seconds):
+- the structural variants (precision x checkpointing x ZeRO) are estimated with
+  memdoctor.estimate at the full batch, lazily, in order of cost, at most `max_estimates`;
+- from each such estimate a per-phase profile is taken (the live bytes of every category
+  at the peak of each phase: forward, backward, optimizer, ...), and the micro-batch and
+  optimizer variants are derived from it arithmetically:
+    * micro-batch m of batch B: activations, temporaries and inputs outside the optimizer
+      step scale
+      by m/B; gradients count whole (earlier micro-batches' gradients are kept);
+    * adamw-bf16 / adamw-8bit: optimizer state of 8 bytes a parameter (fp32 AdamW) becomes
+      4 / ~2.03; their fused step drops the foreach step's temporaries;
+    * in-backward: the gradients are never all alive: in backward only the largest
+      parameter's gradient counts, and the optimizer step (a no-op) costs nothing;
+  the derived peak is the largest phase peak, scaled by the estimate's own
+  allocated/profile and reserved/allocated ratios;
+- a combination is skipped when a fitting candidate with a subset of its remedies (so a
+  lower cost) is already known;
+- the first choice is then verified with a real estimate of its plan without the optimizer
+  swap (whose fused kernels are slow, or cannot run, on fake tensors), the swap's state
+  change applied arithmetically to that estimate (said in its note).
+
+The cost of a plan is a predicted step-time factor against the plain step (1.0). The
+constants are a model, not measurements:
+- bf16 autocast: x0.6 (tensor-core matmuls at twice fp32/TF32 speed, the rest unchanged);
+- full checkpointing: +1/3 (one more forward, a third of a forward+backward step);
+  selective: +0.10 (only the cheap ops are recomputed); N blocks: +1/3 * N/blocks is not
+  searched;
+- micro-batches: x(1 + 0.05 * log2(batch/micro)) (smaller kernels use the GPU less well);
+- optimizer: adamw-bf16 x1.0, adamw-8bit x1.02 (quantize/dequantize), in-backward x1.0;
+- ZeRO-2: x(1 + 0.05 * log2(world_size)) (reduce-scatter and all-gather over the ranks).
+The plain plan, when it fits, is always the first choice: nothing needs to change (bf16,
+although cheaper by this model, changes the numerics).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .plan import Plan
+
+__all__ = ["Candidate", "plan_for_budget", "plan_cost", "derive", "phase_profile"]
+
+BF16_FACTOR = 0.6
+CKPT_COST = {None: 0.0, "selective": 0.10, "full": 1.0 / 3.0}
+MICRO_COST_PER_HALVING = 0.05
+OPT_COST = {None: 1.0, "adamw-bf16": 1.0, "adamw-8bit": 1.02, "in-backward": 1.0}
+ZERO_COST_PER_DOUBLING = 0.05
+STATE_BYTES = {"adamw-bf16": 4.0, "adamw-8bit": 2.03}   # per parameter, against fp32 AdamW's 8
+
+ACT_CATS = ("activations", "temporaries", "inputs")
+
+
+@dataclass
+class Candidate:
+    plan: Plan
+    predicted_peak_allocated: int
+    predicted_peak_reserved: int
+    fits: bool
+    cost: float
+    note: str = ""
+    verified: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": str(self.plan), "predicted_peak_allocated": self.predicted_peak_allocated,
+                "predicted_peak_reserved": self.predicted_peak_reserved, "fits": self.fits,
+                "cost": round(self.cost, 4), "note": self.note, "verified": self.verified}
+
+
+def plan_cost(plan: Plan, batch: int, world_size: int = 1) -> float:
+    """The predicted step-time factor of `plan` against the plain step (see the module's model)."""
+    cost = BF16_FACTOR if plan.precision == "bf16" else 1.0
+    cost *= 1.0 + CKPT_COST.get(plan.checkpointing, 1.0 / 3.0)
+    if isinstance(plan.micro_batch, int) and plan.micro_batch < batch:
+        cost *= 1.0 + MICRO_COST_PER_HALVING * math.log2(batch / plan.micro_batch)
+    cost *= OPT_COST.get(plan.optimizer, 1.0)
+    if plan.zero is not None and world_size > 1:
+        cost *= 1.0 + ZERO_COST_PER_DOUBLING * math.log2(world_size)
+    return cost
+
+
+@dataclass
+class _Base:
+    """A structural variant's estimate and its per-phase profile."""
+    est: Any
+    phases: dict[str, dict[str, int]]
+    grads_total: int
+    largest_grad: int
+    world_size: int
+    zero: int | None
+    profile_peak: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.profile_peak = max((sum(c.values()) for c in self.phases.values()), default=0) or 1
+
+
+def phase_profile(est, world_size: int = 1, zero: int | None = None) -> dict[str, dict[str, int]]:
+    """For each phase of the estimate's run, the bytes of each category at that phase's
+    peak of live bytes (ZeRO's shards applied as the estimate's replay applies them)."""
+    run = est.run
+    n = max(int(world_size), 1)
+    shard = set()
+    if zero is not None and n > 1:
+        shard = {"optimizer_state"} | ({"gradients"} if zero >= 2 else set()) | ({"weights"} if zero >= 3 else set())
+    marks = sorted(run.marks, key=lambda m: m.seq)
+    mseqs = [m.seq for m in marks]
+
+    def phase_at(seq: int) -> str:
+        i = bisect.bisect_right(mseqs, seq) - 1
+        return marks[i].phase if i >= 0 else "other"
+
+    events = []
+    for b in run.blocks.values():
+        size = b.nbytes
+        if b.category in shard or (shard and b.category == "temporaries" and b.phase == "optimizer"):
+            size = -(-size // n)
+        events.append((b.alloc_seq, 1, size, b.category))
+        if b.free_seq is not None:
+            events.append((b.free_seq, 0, size, b.category))
+    events.sort(key=lambda e: (e[0], e[1]))
+    live: dict[str, int] = {}
+    total = 0
+    best: dict[str, int] = {}
+    snaps: dict[str, dict[str, int]] = {}
+    for seq, is_alloc, size, cat in events:
+        if is_alloc:
+            live[cat] = live.get(cat, 0) + size
+            total += size
+            ph = phase_at(seq)
+            if total > best.get(ph, -1):
+                best[ph] = total
+                snaps[ph] = dict(live)
+        else:
+            live[cat] = live.get(cat, 0) - size
+            total -= size
+    return snaps
+
+
+def _grad_sizes(est) -> tuple[int, int]:
+    sizes = [b.nbytes for b in est.run.blocks.values() if b.category == "gradients" and b.step == 1] or \
+            [b.nbytes for b in est.run.blocks.values() if b.category == "gradients"]
+    return sum(sizes), max(sizes, default=0)
+
+
+def derive(base: _Base, plan: Plan, batch: int) -> tuple[int, int, str]:
+    """(allocated, reserved, note) of `plan` derived from the estimate of its structural variant."""
+    notes = []
+    micro = plan.micro_batch if isinstance(plan.micro_batch, int) and plan.micro_batch < batch else None
+    opt = plan.optimizer
+    peak = 0
+    for ph, cats in base.phases.items():
+        c = dict(cats)
+        if micro is not None and ph != "optimizer":
+            for k in ACT_CATS:
+                c[k] = int(c.get(k, 0) * micro / batch)
+            grads = base.grads_total
+            if base.zero is not None and base.zero >= 2 and base.world_size > 1:
+                grads = -(-grads // base.world_size)
+            c["gradients"] = max(c.get("gradients", 0), grads)
+        if opt in STATE_BYTES:
+            c["optimizer_state"] = int(c.get("optimizer_state", 0) * STATE_BYTES[opt] / 8.0)
+        if opt in ("adamw-bf16", "adamw-8bit", "in-backward", "fused") and ph == "optimizer":
+            c["temporaries"] = 0
+        if opt == "in-backward":
+            if ph == "backward":
+                c["gradients"] = min(c.get("gradients", 0), base.largest_grad)
+            elif ph == "optimizer":
+                c["gradients"] = 0
+        peak = max(peak, sum(c.values()))
+    est = base.est
+    alloc = int(peak * est.peak_allocated_bytes / base.profile_peak)
+    reserved = int(alloc * est.peak_reserved_bytes / max(est.peak_allocated_bytes, 1))
+    if micro is not None:
+        notes.append(f"micro={micro}: activations scaled by {micro}/{batch} from the full-batch estimate")
+    if opt in STATE_BYTES:
+        notes.append(f"opt={opt}: optimizer state computed as {STATE_BYTES[opt]:g} bytes/param instead of 8")
+    if opt == "in-backward":
+        notes.append("opt=in-backward: all gradients but the largest parameter's subtracted arithmetically")
+    return alloc, reserved, "; ".join(notes)
+
+
+def _subset(a: Plan, b: Plan) -> bool:
+    """Every remedy of `a` is also in `b` (same value)."""
+    return all(getattr(a, k) is None or getattr(a, k) == getattr(b, k)
+               for k in ("precision", "checkpointing", "micro_batch", "optimizer", "zero"))
+
+
+def _combinations(batch: int, world_size: int, candidates) -> list[Plan]:
+    if candidates is not None:
+        return [Plan.parse(c) if isinstance(c, str) else c for c in candidates]
+    micros: list[int | None] = [None]
+    m = batch // 2
+    while m >= 1:
+        if m not in micros:
+            micros.append(m)
+        m //= 2
+    zeros = [None, 2] if world_size > 1 else [None]
+    out = []
+    for prec in (None, "bf16"):
+        for ckpt in (None, "selective", "full"):
+            for micro in micros:
+                for opt in (None, "adamw-bf16", "adamw-8bit", "in-backward"):
+                    for zero in zeros:
+                        if opt == "in-backward" and (micro is not None or world_size > 1):
+                            continue        # it does not combine with accumulation or DDP/ZeRO
+                        out.append(Plan(prec, ckpt, micro, opt, zero))
+    return out
+
+
+def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | None, budget_bytes: int,
+                    world_size: int = 1, margin: float = 0.05, candidates=None, *,
+                    max_estimates: int = 8, verify: int = 2, **config) -> list[Candidate]:
+    """Candidates for training at `batch` x `seq` within `budget_bytes` (the allocator's
+    limit): the fitting ones first (the plain plan if it fits, then by cost, then by peak),
+    then the rest by predicted peak. `model_name_or_build`: a memdoctor.estimate_models name,
+    or a build() as memdoctor.estimate.estimate_built takes (at `batch`). `config`: more
+    estimate_config options (image_size, optimizer, device). `candidates`: plans (or their
+    strings) to consider instead of the whole search space."""
+    from ..estimate import EstimateError, estimate_built, estimate_config
+
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    if world_size < 1:
+        raise ValueError("world size must be at least 1")
+    if budget_bytes <= 0:
+        raise ValueError("the budget must be positive")
+
+    def run_estimate(plan: Plan):
+        if isinstance(model_name_or_build, str):
+            return estimate_config(model_name_or_build, batch=batch, seq=seq, plan=str(plan),
+                                   world_size=world_size, **config)
+        return estimate_built(model_name_or_build, plan=plan, world_size=world_size, **config)
+
+    def fits(reserved: int) -> bool:
+        return reserved * (1.0 + margin) <= budget_bytes
+
+    bases: dict[tuple, _Base | None] = {}
+    base_errors: dict[tuple, str] = {}
+    plans = _combinations(batch, world_size, candidates)
+    plans.sort(key=lambda p: (plan_cost(p, batch, world_size), len(str(p))))
+    out: list[Candidate] = []
+    for plan in plans:
+        if any(c.fits and _subset(c.plan, plan) and c.plan != plan for c in out):
+            continue
+        key = (plan.precision, plan.checkpointing, plan.zero)
+        if key not in bases:
+            if len(bases) >= max_estimates:
+                continue
+            structural = Plan(plan.precision, plan.checkpointing, None, None, plan.zero)
+            try:
+                est = run_estimate(structural)
+            except EstimateError as exc:
+                bases[key] = None
+                base_errors[key] = str(exc)
+                continue
+            gt, gl = _grad_sizes(est)
+            bases[key] = _Base(est, phase_profile(est, world_size, plan.zero), gt, gl, world_size, plan.zero)
+        base = bases[key]
+        if base is None:
+            continue
+        structural_only = plan.micro_batch is None and plan.optimizer is None
+        if structural_only:
+            alloc, reserved, note = base.est.peak_allocated_bytes, base.est.peak_reserved_bytes, "estimated"
+        else:
+            alloc, reserved, note = derive(base, plan, batch)
+        out.append(Candidate(plan, alloc, reserved, fits(reserved), plan_cost(plan, batch, world_size), note,
+                             verified=structural_only))
+
+    def rank(cands: list[Candidate]) -> list[Candidate]:
+        good = sorted((c for c in cands if c.fits),
+                      key=lambda c: (not c.plan.is_empty(), c.cost, c.predicted_peak_reserved))
+        bad = sorted((c for c in cands if not c.fits), key=lambda c: c.predicted_peak_reserved)
+        return good + bad
+
+    out = rank(out)
+    for _ in range(verify):
+        if not out or not out[0].fits or out[0].verified:
+            break
+        first = out[0]
+        # the optimizer swaps' fused kernels are slow on fake tensors: the estimate runs the
+        # plan without the swap, and the swap's state is applied arithmetically to it
+        inner = Plan(first.plan.precision, first.plan.checkpointing, first.plan.micro_batch, None, first.plan.zero)
+        try:
+            est = run_estimate(inner)
+        except EstimateError as exc:
+            first.note += f"; not verified: {str(exc)[:120]}"
+            first.verified = True       # nothing more can be checked; keep the derived figures
+            break
+        if first.plan.optimizer is None:
+            alloc, reserved = est.peak_allocated_bytes, est.peak_reserved_bytes
+            how = "verified by a direct estimate"
+        else:
+            gt, gl = _grad_sizes(est)
+            vb = _Base(est, phase_profile(est, world_size, inner.zero), gt, gl, world_size, inner.zero)
+            alloc, reserved, _ = derive(vb, Plan(optimizer=first.plan.optimizer), batch)
+            how = f"verified by a direct estimate of {inner}, opt={first.plan.optimizer} applied arithmetically"
+        first.predicted_peak_allocated, first.predicted_peak_reserved = alloc, reserved
+        first.fits = fits(reserved)
+        first.verified = True
+        first.note = (first.note + "; " if first.note else "") + how
+        out = rank(out)
+    return out

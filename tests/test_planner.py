@@ -1,0 +1,71 @@
+"""The planner (memdoctor.remedies.planner) and `memdoctor plan`, on GPT-2 124M at short sequences."""
+import json
+
+import pytest
+
+from memdoctor.cli import main
+from memdoctor.estimate import estimate_config
+from memdoctor.remedies.plan import Plan
+from memdoctor.remedies.planner import plan_for_budget, plan_cost
+
+MiB, GiB = 2**20, 2**30
+MODEL, BATCH, SEQ = "gpt2-124m", 4, 512
+NO_SWAPS = [str(Plan(p, c, m, None, None)) for p in (None, "bf16") for c in (None, "selective", "full")
+            for m in (None, 2, 1)]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return estimate_config(MODEL, batch=BATCH, seq=SEQ)
+
+
+@pytest.fixture(scope="module")
+def bf16_full():
+    return estimate_config(MODEL, batch=BATCH, seq=SEQ, plan="bf16,ckpt=full")
+
+
+def test_generous_budget_keeps_the_plain_plan():
+    cands = plan_for_budget(MODEL, BATCH, SEQ, 1024 * GiB)
+    assert cands[0].plan.is_empty() and str(cands[0].plan) == "none"
+    assert cands[0].fits and cands[0].cost == 1.0
+
+
+def test_tight_budget_picks_the_cheapest_fitting_plan(plain, bf16_full):
+    assert bf16_full.peak_reserved_bytes * 1.05 < plain.peak_reserved_bytes
+    budget = (bf16_full.peak_reserved_bytes * 1.05 + plain.peak_reserved_bytes) // 2
+    cands = plan_for_budget(MODEL, BATCH, SEQ, int(budget), candidates=NO_SWAPS)
+    first = cands[0]
+    assert first.fits and not first.plan.is_empty()
+    direct = estimate_config(MODEL, batch=BATCH, seq=SEQ, plan=str(first.plan))
+    assert direct.peak_reserved_bytes <= budget
+    assert first.predicted_peak_reserved == direct.peak_reserved_bytes
+    assert all(c.cost >= first.cost for c in cands if c.fits)
+    assert not any(c.fits for c in cands if c.plan.is_empty())
+    for c in cands:
+        assert Plan.parse(str(c.plan)) == c.plan
+        assert c.cost == pytest.approx(plan_cost(c.plan, BATCH))
+
+
+def test_micro_batch_shortcut_matches_a_direct_estimate():
+    derived = plan_for_budget(MODEL, BATCH, SEQ, 1024 * GiB, candidates=["micro=1"], verify=0)[0]
+    assert "scaled" in derived.note
+    direct = estimate_config(MODEL, batch=BATCH, seq=SEQ, plan="micro=1")
+    assert derived.predicted_peak_allocated == pytest.approx(direct.peak_allocated_bytes, rel=0.10)
+    assert derived.predicted_peak_reserved == pytest.approx(direct.peak_reserved_bytes, rel=0.10)
+
+
+def test_impossible_budget_exits_3_with_parseable_plans(capsys):
+    rc = main(["plan", "--model", MODEL, "--batch", "2", "--seq", "128", "--budget", "100MiB", "--json"])
+    assert rc == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out and not any(c["fits"] for c in out)
+    for c in out:
+        Plan.parse(c["plan"])
+        assert c["predicted_peak_reserved"] * 1.05 > 100 * MiB
+
+
+def test_bad_input_is_one_line_exit_2(capsys):
+    assert main(["plan", "--model", "no-such-model", "--budget", "1GiB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("memdoctor:") and "\n" not in err
+    assert main(["plan", "--model", MODEL, "--batch", "0", "--budget", "1GiB"]) == 2
