@@ -10,7 +10,6 @@ becomes a Run and the owners are joined by address within their mark.
 from __future__ import annotations
 
 import bisect
-import time
 
 import torch
 
@@ -30,7 +29,6 @@ class AllocatorSource:
         self.device = torch.cuda.current_device() if device is None else device
         self.samples: list[tuple[int, int, int]] = []      # (mark index, allocated, reserved)
         self._metadata = hasattr(torch._C, "_cuda_setMemoryMetadata")
-        self._old_fraction = None
 
     def start(self) -> None:
         if self.budget is not None:
@@ -65,7 +63,7 @@ class AllocatorSource:
         run.meta.update(rec.run.meta)
         run.meta["peak_allocated"] = torch.cuda.max_memory_allocated(self.device)
         run.meta["peak_reserved"] = torch.cuda.max_memory_reserved(self.device)
-        mark_of_block = _mark_per_block(run, marks, rec.t0_unix)
+        mark_of_block = _mark_per_block(run)
         run.marks = _place_marks(run, marks, mark_of_block, self.samples)
         _label_blocks(run, marks, mark_of_block)
         _join_owners(run, rec.claims or [], run.marks)
@@ -160,9 +158,9 @@ def _count_as_allocator(run: Run, snapshot: dict, device: int) -> None:
     run.event_bytes = [run.blocks[i].nbytes if i >= 0 else n for i, n in zip(run.event_blocks, run.event_bytes)]
 
 
-def _mark_per_block(run: Run, marks: list[Mark], t0_unix: float) -> dict[int, tuple[int, str | None]]:
-    """Block id -> (mark index, module), from the allocator's user metadata; blocks without
-    it are placed by their time stamp among the marks' times."""
+def _mark_per_block(run: Run) -> dict[int, tuple[int, str | None]]:
+    """Block id -> (mark index, module), from the allocator's user metadata. Blocks without
+    it (alive before the trace began) keep no phase."""
     out: dict[int, tuple[int, str | None]] = {}
     for block_id, _ctx, meta in run.meta.get("snapshot", {}).get("block_context", []):
         if meta.startswith(_PREFIX):
@@ -242,7 +240,3 @@ def _join_owners(run: Run, claims: list, marks: list[Mark]) -> None:
             b.name = name
         if shape and not b.shape:
             b.shape, b.dtype = shape, dtype
-
-
-def now_unix() -> float:
-    return time.time()

@@ -43,7 +43,6 @@ class Recorder:
         # allocator source: owners noted by address per mark instead of counted here
         self.claims: list | None = None
         self.on_mark: Callable[..., None] | None = None
-        self.t0_unix = time.time()
         self._t0 = time.perf_counter()
         self._next_id = 0
         self._dtype_names: dict[Any, str] = {}
@@ -75,16 +74,9 @@ class Recorder:
         return Phase.FORWARD.value if self.forward_depth else Phase.OTHER.value
 
     # ---- storages ------------------------------------------------------------------
-    def storage_key(self, tensor) -> tuple[Any, int] | None:
-        try:
-            storage = tensor.untyped_storage()
-        except Exception:       # sparse, nested, or wrapper tensors with no storage
-            return None
-        return storage, storage._cdata
-
     def add(self, tensor, name: str, category: str, phase: str | None = None) -> Block | None:
         """Count `tensor`'s storage if it is new; returns its Block either way."""
-        try:                    # storage_key(), inlined: this runs for every op's output
+        try:                    # runs for every op's output: kept flat
             storage = tensor.untyped_storage()
         except Exception:
             return None
