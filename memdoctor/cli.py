@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpointing", metavar="MODE", help="full, selective or a number of blocks")
     p.add_argument("--micro-batch", metavar="N", help="samples per micro-batch (gradient accumulation)")
     p.add_argument("--optimizer", default="adamw", help="adamw (default), adam, sgd, adafactor; or an optimizer "
-                   "remedy on AdamW: fused, adamw-8bit, adamw-bf16, in-backward")
+                   "remedy on AdamW: fused, adamw-8bit, adamw-bf16, in-backward, in-backward-8bit")
     p.add_argument("--plan", metavar="PLAN", help="a plan string, e.g. bf16,ckpt=full,micro=2")
     p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks (DDP, or ZeRO with --zero)")
     p.add_argument("--zero", type=int, choices=(1, 2, 3), help="ZeRO stage over --world-size ranks")

@@ -257,6 +257,29 @@ def test_in_backward_matches_plain_step_and_frees_gradients():
     user.step()
 
 
+def test_in_backward_8bit_matches_the_8bit_step_and_frees_gradients():
+    g = torch.Generator().manual_seed(4)
+    batches = [(torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)) for _ in range(4)]
+    models = []
+    for name in ("adamw-8bit", "in-backward-8bit"):
+        model = small_mlp()
+        opt, _ = swap_optimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1), name)
+        assert isinstance(opt, InBackwardAdamW) == (name == "in-backward-8bit")
+        for x, y in batches:
+            (model(x) - y).square().mean().backward()
+            if name == "in-backward-8bit":
+                assert all(p.grad is None for p in model.parameters())
+            opt.step()
+            opt.zero_grad()
+        assert all(s["exp_avg"].dtype == torch.int8 for s in opt.state.values() if "exp_avg" in s)
+        models.append(model)
+    moved = 0
+    for a, b, c in zip(models[0].parameters(), models[1].parameters(), small_mlp().parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        moved += int(not torch.equal(a, c))
+    assert moved == len(list(small_mlp().parameters()))
+
+
 def test_in_backward_refuses_accumulation_fp16_and_masters():
     model = small_mlp()
     fused, handle = swap_optimizer(model, torch.optim.AdamW(model.parameters()), "in-backward")

@@ -266,6 +266,53 @@ def test_checkpointing_saves_less_for_backward():
     assert full_live < selective_live < plain_live
 
 
+class CachedBlock(nn.Module):
+    """A block that, like transformers' attention, appends its keys to a shared cache when
+    its config says use_cache, and attends over everything in the cache."""
+
+    def __init__(self, config, cache):
+        super().__init__()
+        self.config, self.cache = config, cache
+        self.key, self.out = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        k = self.key(x)
+        if self.config.use_cache:
+            self.cache.append(k)
+            k = torch.cat(self.cache[-2:], dim=1)[:, -x.shape[1]:]
+        return x + self.out(torch.tanh(k))
+
+
+class CachedModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"use_cache": True})()
+        self.cache: list = []
+        self.blocks = nn.ModuleList(CachedBlock(self.config, self.cache) for _ in range(3))
+
+    def forward(self, x):
+        self.cache.clear()
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_checkpointing_turns_the_kv_cache_off_and_back_on(mode):
+    torch.manual_seed(0)
+    model = CachedModel()
+    x = torch.randn(2, 4, 8)
+    expected = grads_of(model, x)
+    handle = apply_checkpointing(model, mode)
+    assert model.config.use_cache is False and "key/value cache off" in handle.description
+    got = grads_of(model, x)        # the recompute would otherwise refill the cache (selective: fail)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    assert model.cache == []
+    handle.undo()
+    assert model.config.use_cache is True
+
+
 def test_checkpointing_first_n_blocks_only():
     model = TinyTransformer(layers=3)
     handle = apply_checkpointing(model, 2)

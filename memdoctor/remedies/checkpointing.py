@@ -116,6 +116,25 @@ def _checkpointed(forward: Callable, context_fn: Callable | None) -> Callable:
     return run
 
 
+def _turn_off_kv_caches(model: nn.Module) -> list:
+    """Set `config.use_cache = False` on the model's (transformers-style) configs that have
+    it on; returns those configs.
+
+    A key/value cache filled in the forward is filled again by the recompute: full
+    checkpointing then keeps a second copy of every block's keys and values, and
+    selective checkpointing fails (the recompute runs ops the forward did not).
+    transformers' own gradient_checkpointing_enable() turns the cache off for the same reason.
+    """
+    configs = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", None) is True:
+            configs[id(config)] = config
+    for config in configs.values():
+        config.use_cache = False
+    return list(configs.values())
+
+
 def apply_checkpointing(
     model: nn.Module,
     mode: Union[str, int] = "full",
@@ -146,8 +165,11 @@ def apply_checkpointing(
         had_own = "forward" in block.__dict__
         wrapped.append((block, had_own, block.__dict__.get("forward")))
         block.forward = _checkpointed(block.forward, context_fn)
+    caches = _turn_off_kv_caches(model) if chosen else []
 
     def undo() -> None:
+        for config in caches:
+            config.use_cache = True
         for block, had_own, previous in reversed(wrapped):
             if had_own:
                 block.forward = previous
@@ -156,7 +178,8 @@ def apply_checkpointing(
 
     kind = "selective" if mode == "selective" else "full"
     names = f"{chosen[0][0]} .. {chosen[-1][0]}" if chosen else "none"
-    handle = Handle(f"{kind} checkpointing of {len(chosen)} of {len(found)} blocks ({names})", undo)
+    cache_note = ", key/value cache off" if caches else ""
+    handle = Handle(f"{kind} checkpointing of {len(chosen)} of {len(found)} blocks ({names}){cache_note}", undo)
     log.info("memdoctor: %s", handle.description)
     return handle
 

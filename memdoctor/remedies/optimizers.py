@@ -17,7 +17,9 @@ and bf16 states, so an undo after training with them is lossy by their rounding)
   (`register_post_accumulate_grad_hook`), and its gradient freed at once, so the whole
   model's gradients never exist together: the peak loses up to the size of all gradients
   but one. `optimizer.step()` and `zero_grad()` become no-ops, so training loops written
-  for an ordinary optimizer run unchanged. What does not combine with it:
+  for an ordinary optimizer run unchanged. "in-backward-8bit" is the same with the
+  blockwise 8-bit states: the least memory of all (weights, ~2 bytes a parameter of state,
+  one gradient). What does not combine with either:
     * gradient accumulation over micro-batches (several backward passes per step): each
       backward would step. Asking for it (a plan with micro=...) raises ValueError, and a
       second backward reaching a parameter before `step()` raises RuntimeError;
@@ -47,8 +49,10 @@ from memdoctor.remedies._handle import Handle
 
 log = logging.getLogger("memdoctor")
 
-NAMES = ("fused", "adamw-8bit", "adamw-bf16", "in-backward")
-_STATE_DTYPE = {"adamw-8bit": "int8", "adamw-bf16": "bf16", "in-backward": "fp32", "fused": "fp32"}
+NAMES = ("fused", "adamw-8bit", "adamw-bf16", "in-backward", "in-backward-8bit")
+IN_BACKWARD = ("in-backward", "in-backward-8bit")
+_STATE_DTYPE = {"adamw-8bit": "int8", "adamw-bf16": "bf16", "in-backward": "fp32", "in-backward-8bit": "int8",
+                "fused": "fp32"}
 _HYPER = ("lr", "betas", "eps", "weight_decay")
 
 
@@ -273,10 +277,10 @@ def swap_optimizer(
             from memdoctor.remedies.fused import use_fused_optimizer
             handle = use_fused_optimizer(optimizer)   # logs its own line
             return handle.optimizer, handle
-    if name == "in-backward":
+    if name in IN_BACKWARD:
         _check_in_backward(model, optimizer, precision, micro_batch)
     groups = _adam_groups(optimizer, name)
-    cls = InBackwardAdamW if name == "in-backward" else FusedAdamW
+    cls = InBackwardAdamW if name in IN_BACKWARD else FusedAdamW
     new = cls(groups, state_dtype=_STATE_DTYPE[name])
     try:
         moved = _take_state(optimizer, new)
@@ -291,6 +295,7 @@ def swap_optimizer(
         "adamw-bf16": "FusedAdamW with bf16 states (stochastic rounding)",
         "adamw-8bit": "FusedAdamW with blockwise 8-bit states",
         "in-backward": "AdamW stepped in backward, gradients freed per parameter",
+        "in-backward-8bit": "AdamW with blockwise 8-bit states stepped in backward, gradients freed per parameter",
     }[name]
     handle = SwappedOptimizer(optimizer, new, f"{kind} -> {what}, {count} tensors", moved)
     log.info("memdoctor: optimizer %s", handle.description)

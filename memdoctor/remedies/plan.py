@@ -10,7 +10,7 @@ from typing import Union
 
 PRECISIONS = ("bf16", "fp16", "bf16-true")
 CHECKPOINT_MODES = ("full", "selective")
-OPTIMIZERS = ("fused", "adamw-8bit", "adamw-bf16", "in-backward")
+OPTIMIZERS = ("fused", "adamw-8bit", "adamw-bf16", "in-backward", "in-backward-8bit")
 ZERO_STAGES = (1, 2, 3)
 
 _FORMS = (

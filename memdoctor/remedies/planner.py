@@ -14,8 +14,9 @@ How it searches (fast enough for GPT-2 1.5B on a CPU, where one estimate takes s
       by m/B; gradients count whole (earlier micro-batches' gradients are kept);
     * adamw-bf16 / adamw-8bit: optimizer state of 8 bytes a parameter (fp32 AdamW) becomes
       4 / ~2.03; their fused step drops the foreach step's temporaries;
-    * in-backward: the gradients are never all alive: in backward only the largest
-      parameter's gradient counts, and the optimizer step (a no-op) costs nothing;
+    * in-backward (and in-backward-8bit, with the 8-bit state as well): the gradients are
+      never all alive: in backward only the largest parameter's gradient counts, and the
+      optimizer step (a no-op) costs nothing;
   the derived peak is the largest phase peak, scaled by the estimate's own
   allocated/profile and reserved/allocated ratios;
 - a combination is skipped when a fitting candidate with a subset of its remedies (so a
@@ -31,7 +32,8 @@ constants are a model, not measurements:
   selective: +0.10 (only the cheap ops are recomputed); N blocks: +1/3 * N/blocks is not
   searched;
 - micro-batches: x(1 + 0.05 * log2(batch/micro)) (smaller kernels use the GPU less well);
-- optimizer: adamw-bf16 x1.0, adamw-8bit x1.02 (quantize/dequantize), in-backward x1.0;
+- optimizer: adamw-bf16 x1.0, adamw-8bit x1.02 (quantize/dequantize), in-backward x1.0,
+  in-backward-8bit x1.02;
 - ZeRO-2: x(1 + 0.05 * log2(world_size)) (reduce-scatter and all-gather over the ranks).
 The plain plan, when it fits, is always the first choice: nothing needs to change (bf16,
 although cheaper by this model, changes the numerics).
@@ -50,9 +52,10 @@ __all__ = ["Candidate", "plan_for_budget", "plan_cost", "derive", "phase_profile
 BF16_FACTOR = 0.6
 CKPT_COST = {None: 0.0, "selective": 0.10, "full": 1.0 / 3.0}
 MICRO_COST_PER_HALVING = 0.05
-OPT_COST = {None: 1.0, "adamw-bf16": 1.0, "adamw-8bit": 1.02, "in-backward": 1.0}
+OPT_COST = {None: 1.0, "adamw-bf16": 1.0, "adamw-8bit": 1.02, "in-backward": 1.0, "in-backward-8bit": 1.02}
 ZERO_COST_PER_DOUBLING = 0.05
-STATE_BYTES = {"adamw-bf16": 4.0, "adamw-8bit": 2.03}   # per parameter, against fp32 AdamW's 8
+STATE_BYTES = {"adamw-bf16": 4.0, "adamw-8bit": 2.03, "in-backward-8bit": 2.03}  # per parameter, against 8
+IN_BACKWARD = ("in-backward", "in-backward-8bit")
 
 ACT_CATS = ("activations", "temporaries", "inputs")
 
@@ -165,9 +168,9 @@ def derive(base: _Base, plan: Plan, batch: int) -> tuple[int, int, str]:
             c["gradients"] = max(c.get("gradients", 0), grads)
         if opt in STATE_BYTES:
             c["optimizer_state"] = int(c.get("optimizer_state", 0) * STATE_BYTES[opt] / 8.0)
-        if opt in ("adamw-bf16", "adamw-8bit", "in-backward", "fused") and ph == "optimizer":
+        if opt is not None and ph == "optimizer":      # every swap's step is fused
             c["temporaries"] = 0
-        if opt == "in-backward":
+        if opt in IN_BACKWARD:
             if ph == "backward":
                 c["gradients"] = min(c.get("gradients", 0), base.largest_grad)
             elif ph == "optimizer":
@@ -180,8 +183,8 @@ def derive(base: _Base, plan: Plan, batch: int) -> tuple[int, int, str]:
         notes.append(f"micro={micro}: activations scaled by {micro}/{batch} from the full-batch estimate")
     if opt in STATE_BYTES:
         notes.append(f"opt={opt}: optimizer state computed as {STATE_BYTES[opt]:g} bytes/param instead of 8")
-    if opt == "in-backward":
-        notes.append("opt=in-backward: all gradients but the largest parameter's subtracted arithmetically")
+    if opt in IN_BACKWARD:
+        notes.append(f"opt={opt}: all gradients but the largest parameter's subtracted arithmetically")
     return alloc, reserved, "; ".join(notes)
 
 
@@ -205,9 +208,9 @@ def _combinations(batch: int, world_size: int, candidates) -> list[Plan]:
     for prec in (None, "bf16"):
         for ckpt in (None, "selective", "full"):
             for micro in micros:
-                for opt in (None, "adamw-bf16", "adamw-8bit", "in-backward"):
+                for opt in (None, "adamw-bf16", "adamw-8bit", "in-backward", "in-backward-8bit"):
                     for zero in zeros:
-                        if opt == "in-backward" and (micro is not None or world_size > 1):
+                        if opt in IN_BACKWARD and (micro is not None or world_size > 1):
                             continue        # it does not combine with accumulation or DDP/ZeRO
                         out.append(Plan(prec, ckpt, micro, opt, zero))
     return out

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU test and benchmark pass, on a 2-GPU machine (nvidia-h200-x2): two lanes, one a GPU,
+# run side by side; ZeRO takes both GPUs at the end. Results and logs go to $OUT.
+#
+#   bash benchmarks/gpu_session.sh 1    # GPU tests, fused AdamW, checkpointing cost | estimate accuracy
+#   bash benchmarks/gpu_session.sh 2    # GPT-2 1.5B plans (planner's model | transformers') ; ZeRO on 2 GPUs
+#
+# From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
+set -u
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+part="${1:?part 1 or 2}"
+export PYTHONUNBUFFERED=1
+lane() {   # lane GPU NAME COMMAND...: run on one GPU, log to $OUT/NAME.log
+    local gpu=$1 name=$2; shift 2
+    ( export CUDA_VISIBLE_DEVICES=$gpu; echo "## $*"; start=$(date +%s); "$@"; echo "## exit $? after $(( $(date +%s) - start )) s" ) \
+        > "$OUT/$name.log" 2>&1
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia_smi.csv" 2>&1
+python -c "import torch, sys; print(sys.version.split()[0], torch.__version__)" > "$OUT/versions.txt" 2>&1
+
+if [ "$part" = 1 ]; then
+    (
+        lane 0 gpu_tests python -m pytest -q -s -m gpu -p no:cacheprovider tests --ignore tests/gpu/test_zero_gpu.py
+        lane 0 fused_adamw python benchmarks/fused_adamw.py --repeats 30
+        for size in 124m 355m; do
+            lane 0 ckpt_cost_$size python benchmarks/plan_apply.py --model hf-gpt2-$size --batch 8 --seq 1024 \
+                --plans none ckpt=full ckpt=selective bf16 micro=4 bf16,ckpt=selective --tag ckpt_cost_hf-gpt2-$size
+        done
+    ) &
+    lane 1 estimate_accuracy python benchmarks/estimate_accuracy.py --time-budget 480 &
+    # the planner's speed on this machine's CPU, while the GPUs work
+    ( /usr/bin/time -f "%e s wall" python -m memdoctor plan --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+        --json > "$OUT/plan_speed_b8_32GiB.json" ) 2> "$OUT/plan_speed.log"
+    wait
+elif [ "$part" = 2 ]; then
+    P=benchmarks/results/plans
+    (
+        lane 0 plans_32GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+            --plans-from $P/gpt2-1.5b_b8_32GiB.json --top 4 --steps 4 --tag gpt2-1.5b_b8_32GiB
+        lane 0 plans_16GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 2 --seq 1024 --budget 16GiB \
+            --plans-from $P/gpt2-1.5b_b2_16GiB.json --top 4 --steps 4 --tag gpt2-1.5b_b2_16GiB
+    ) &
+    lane 1 doubleheads_32GiB python benchmarks/plan_apply.py --model hf-gpt2-1.5b-doubleheads --batch 4 --seq 1024 \
+        --budget 32GiB --steps 4 --tag hf-gpt2-1.5b-doubleheads_b4x2_32GiB \
+        --plans none ckpt=full ckpt=full,micro=1 bf16,ckpt=full,micro=1 ckpt=full,micro=2,opt=fused &
+    wait
+    lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
+    lane 0,1 zero_memory torchrun --nproc-per-node 2 --standalone benchmarks/zero_memory.py --out "$OUT"
+fi
+tail -n 3 "$OUT"/*.log
