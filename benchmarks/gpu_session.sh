@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/gpu_session.sh 1    # GPU tests, fused AdamW, checkpointing cost | estimate accuracy
 #   bash benchmarks/gpu_session.sh 2    # GPT-2 1.5B plans (planner's model | transformers') ; ZeRO on 2 GPUs
+#   bash benchmarks/gpu_session.sh 3    # after the fixes pass 1 and 2 called for (see the part itself)
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -44,6 +45,28 @@ elif [ "$part" = 2 ]; then
     lane 1 doubleheads_32GiB python benchmarks/plan_apply.py --model hf-gpt2-1.5b-doubleheads --batch 4 --seq 1024 \
         --budget 32GiB --steps 4 --tag hf-gpt2-1.5b-doubleheads_b4x2_32GiB \
         --plans none ckpt=full ckpt=full,micro=1 bf16,ckpt=full,micro=1 ckpt=full,micro=2,opt=fused &
+    wait
+    lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
+    lane 0,1 zero_memory torchrun --nproc-per-node 2 --standalone benchmarks/zero_memory.py --out "$OUT"
+elif [ "$part" = 3 ]; then
+    # after fixes: the planner's new candidates, the remedies under budget.cuda, the tests that
+    # failed in pass 1, ZeRO with bf16 weights and fp32 master shards
+    P=benchmarks/results/plans
+    (
+        lane 0 s10 python -m pytest -q -s -p no:cacheprovider "tests/gpu/test_scenarios_gpu.py::test_diagnose_names_the_cause_first[s10]"
+        lane 0 gpu_tests_fixed python -m pytest -q -s -p no:cacheprovider tests/gpu/test_fused_adamw_gpu.py \
+            "tests/test_snapshot.py::test_real_snapshot"
+        lane 0 plans_32GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+            --plans-from $P/gpt2-1.5b_b8_32GiB.json --top 4 --steps 4 --tag gpt2-1.5b_b8_32GiB
+        lane 0 plans_16GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 2 --seq 1024 --budget 16GiB \
+            --plans-from $P/gpt2-1.5b_b2_16GiB.json --top 4 --steps 4 --tag gpt2-1.5b_b2_16GiB
+    ) &
+    (
+        lane 1 remedy_memory_gpu python benchmarks/remedy_memory_gpu.py
+        lane 1 remedy_memory_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_remedy_memory_gpu.py
+    ) &
+    ( /usr/bin/time -f "%e s wall" python -m memdoctor plan --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+        --json > "$OUT/plan_speed_b8_32GiB.json" ) 2> "$OUT/plan_speed.log"
     wait
     lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
     lane 0,1 zero_memory torchrun --nproc-per-node 2 --standalone benchmarks/zero_memory.py --out "$OUT"

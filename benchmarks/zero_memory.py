@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from memdoctor.remedies.zero import DEFAULT_BUCKET_BYTES, MAX_IN_FLIGHT, apply_zero  # noqa: E402
 
 MiB = 2**20
-CONFIGS = ("plain", "ddp", "zero2", "zero2-fsdp", "zero3")
+CONFIGS = ("plain", "ddp", "zero2", "zero2-bf16-true", "zero2-fsdp", "zero3")
 
 
 # ----------------------------------------------------------------------------- models
@@ -148,6 +148,10 @@ def prepare(config: str, model: nn.Module, opt, device):
         return nn.parallel.DistributedDataParallel(model, device_ids=ids), None
     if config == "zero2":
         return model, apply_zero(model, opt, stage=2)
+    if config == "zero2-bf16-true":      # the paper's mixed precision: bf16 weights, fp32 master shards
+        from memdoctor.remedies import Plan, prepare as prepare_plan
+        prepared = prepare_plan(model, opt, Plan(precision="bf16-true", zero=2), device_type=device.type)
+        return model, prepared.handles[-1]
     if config == "zero2-fsdp":
         return model, apply_zero(model, opt, stage=2, impl="fsdp")
     if config == "zero3":
@@ -187,6 +191,13 @@ def run_config(config: str, args, device: torch.device, traced: bool) -> dict:
             with autocast:
                 loss = loss_fn(run_model, x)
             loss.backward()
+            if i == steps - 1:          # every model state is present now: the formulas' moment
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    out["before_step_bytes"] = torch.cuda.memory_allocated() - base
+                low_grads = [b.low_grad for b in getattr(handle, "buckets", []) if getattr(b, "low_grad", None) is not None]
+                out["before_step_grads"] = breakdown(model, opt)["grads"] + _storage_bytes(low_grads)
+                del low_grads
             opt.step()
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -293,6 +304,8 @@ def formulas(config: str, psi: int, n: int) -> dict:
         return {"paper": 16 * psi, "ours": 16 * psi}
     if config == "ddp":
         return {"paper": 16 * psi, "ours": 16 * psi + 4 * psi}
+    if config == "zero2-bf16-true":         # bf16 weights 2Ψ, bf16 gradient shard, fp32 masters + Adam shards
+        return {"paper": 2 * psi + 14 * psi / n, "ours": 2 * psi + 14 * psi / n}
     if config.startswith("zero2"):
         return {"paper": 2 * psi + 14 * psi / n, "ours": 4 * psi + 12 * psi / n}
     if config == "zero3":
@@ -306,8 +319,9 @@ def markdown(report: dict) -> str:
     rows = ["| config | N_d | Ψ (M) | after step | params | grads | optim state | buffers | other | "
             + ("after step (tracer) | " if cpu else "")
             + "flat grad buckets (transient bound) | paper 2Ψ+14Ψ/N_d (or 16Ψ, 16Ψ/N_d) | "
-            "ours (fp32 weights under autocast) | peak | " + ("peak (RSS) | " if cpu else "") + "step (ms) |",
-            "|---" * (16 if cpu else 14) + "|"]
+            "ours (fp32 weights under autocast) | end of backward | grads then | peak | "
+            + ("peak (RSS) | " if cpu else "") + "step (ms) |",
+            "|---" * (18 if cpu else 16) + "|"]
 
     def m(v):
         return "n/a" if v is None else f"{v / MiB:,.1f}"
@@ -321,7 +335,7 @@ def markdown(report: dict) -> str:
             f"{m(r['optimizer_state'])} | {m(r['buffers'])} | {m(r.get('other_bytes'))} | "
             + (f"{m(r.get('traced_after_step_bytes'))} | " if cpu else "")
             + f"{m(r.get('flat_grad_buckets_bound_bytes'))} | {m(r['formula']['paper'])} | {m(r['formula']['ours'])} | "
-            f"{m(r['peak_bytes'])} | " + (f"{m(r.get('rss_peak_bytes'))} | " if cpu else "")
+            f"{m(r.get('before_step_bytes'))} | {m(r.get('before_step_grads'))} | {m(r['peak_bytes'])} | " + (f"{m(r.get('rss_peak_bytes'))} | " if cpu else "")
             + f"{r['step_s'] * 1e3:,.1f} |")
     head = (f"ZeRO memory per rank, MiB: model {report['model']}, {report['precision']}, batch {report['batch']}"
             + (f" x {report['seq']} tokens" if report["model"].startswith("gpt2") else "")
@@ -374,7 +388,7 @@ def main() -> None:
         per_rank = [e for e in everyone if e]
         r = dict(per_rank[0]) if per_rank else {"error": "no rank ran it"}
         if "error" not in r:
-            r["per_rank"] = [{k: e.get(k) for k in ("after_step_bytes", "peak_bytes", "params", "grads",
+            r["per_rank"] = [{k: e.get(k) for k in ("after_step_bytes", "before_step_bytes", "peak_bytes", "params", "grads",
                                                     "optimizer_state", "step_s")} for e in per_rank]
             r["formula"] = formulas(config, r["psi"], 1 if config == "plain" else world)
         results[config] = r

@@ -538,8 +538,10 @@ def test_real_snapshot(tmp_path):
     assert live_bytes(run) == active_requested(snap)
     assert run.ooms and run.ooms[-1].requested_bytes == 1 << 46
     assert "block_context" not in run.meta["snapshot"]      # torch writes "N/A" when unset
-    mine = [b for b in run.blocks.values() if b.nbytes in (1000, 1 << 20, 3 << 20 | 7)]
-    assert len(mine) >= 3 and all("test_snapshot.py" in b.name for b in mine), [b.name for b in mine]
+    # the three kept tensors are named by this file's frame (blocks of earlier GPU tests in
+    # the same process may also be alive, named by theirs)
+    named = {b.nbytes for b in run.blocks.values() if "test_snapshot.py" in b.name}
+    assert {1000, 1 << 20, 3 << 20 | 7} <= named, sorted((b.nbytes, b.name) for b in run.blocks.values())
     assert run.device["allocator_settings"] is not None or "allocator_settings" not in snap
     del kept
 

@@ -273,6 +273,26 @@ def numerics_worker(device) -> dict:
     out["zero2_fp16"] = max_rel(params(model), want_fp16)
     prepared.undo()
 
+    # bf16-true: bf16 weights, each rank keeps fp32 masters of its shard only. On the same
+    # data on every rank the mean gradient is the local one exactly (halving and summing two
+    # equal bf16 values is exact), so it must follow one process's bf16-true training.
+    ref = small_model(device)
+    ref_prepared = prepare(ref, adamw(ref), Plan(precision="bf16-true"), device_type=device.type)
+    for step in range(4):
+        ref_prepared.step(data(step, 0, device, same=True), mse)
+    model = small_model(device)
+    opt = adamw(model)
+    prepared = prepare(model, opt, Plan(precision="bf16-true", zero=2), device_type=device.type)
+    for step in range(4):
+        prepared.step(data(step, rank, device, same=True), mse)
+    out["zero2_bf16_true"] = max_rel(params(model), params(ref))
+    out["zero2_bf16_true_weights"] = sorted({str(p.dtype) for p in model.parameters()})
+    stepped = [p for g in opt.param_groups for p in g["params"]]
+    out["zero2_bf16_true_masters"] = (sorted({str(p.dtype) for p in stepped}), sum(p.numel() for p in stepped),
+                                      sum(p.numel() for p in model.parameters()))
+    prepared.undo()
+    out["zero2_bf16_true_undo"] = sorted({str(p.dtype) for p in model.parameters()})
+
     # an optimizer that needs whole tensors is refused for ZeRO-2
     model = small_model(device)
     try:
@@ -383,6 +403,15 @@ def test_zero2_fp16_uses_a_sharded_scaler_and_matches_ddp(numerics):
     for r in numerics:
         assert r["fp16_scaler"] == "ShardedGradScaler"
         assert r["zero2_fp16"] <= 1.0, r["zero2_fp16"]
+
+
+def test_zero2_bf16_true_keeps_fp32_masters_of_the_shard_only(numerics):
+    for r in numerics:
+        assert r["zero2_bf16_true"] <= 1.0, r["zero2_bf16_true"]
+        assert r["zero2_bf16_true_weights"] == ["torch.bfloat16"]
+        dtypes, stepped, total = r["zero2_bf16_true_masters"]
+        assert dtypes == ["torch.float32"] and 0.45 * total <= stepped <= 0.6 * total, (stepped, total)
+        assert r["zero2_bf16_true_undo"] == ["torch.float32"]
 
 
 def test_zero2_refuses_an_optimizer_that_needs_whole_tensors(numerics):

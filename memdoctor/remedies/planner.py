@@ -21,9 +21,12 @@ How it searches (fast enough for GPT-2 1.5B on a CPU, where one estimate takes s
   allocated/profile and reserved/allocated ratios;
 - a combination is skipped when a fitting candidate with a subset of its remedies (so a
   lower cost) is already known;
-- the first choice is then verified with a real estimate of its plan without the optimizer
-  swap (whose fused kernels are slow, or cannot run, on fake tensors), the swap's state
-  change applied arithmetically to that estimate (said in its note).
+- the first `verify` fitting choices are then verified with a real estimate of their whole
+  plan (the optimizer swaps make their states on fake tensors exactly as on the GPU); a
+  choice that no longer fits drops out of the lead and the next is verified.
+Activations scale with the micro-batch but copies of the weights do not: tensors shaped like
+a parameter (autocast's bf16 weight copies) made outside the optimizer step and outside the
+weights, gradients and optimizer state are kept apart as "weight_copies" and never scaled.
 
 The cost of a plan is a predicted step-time factor against the plain step (1.0). The
 constants are a model, not measurements:
@@ -58,6 +61,8 @@ STATE_BYTES = {"adamw-bf16": 4.0, "adamw-8bit": 2.03, "in-backward-8bit": 2.03} 
 IN_BACKWARD = ("in-backward", "in-backward-8bit")
 
 ACT_CATS = ("activations", "temporaries", "inputs")
+WEIGHT_COPIES = "weight_copies"
+_MODEL_STATES = ("weights", "gradients", "optimizer_state")
 
 
 @dataclass
@@ -118,14 +123,18 @@ def phase_profile(est, world_size: int = 1, zero: int | None = None) -> dict[str
         i = bisect.bisect_right(mseqs, seq) - 1
         return marks[i].phase if i >= 0 else "other"
 
+    param_shapes = {tuple(b.shape) for b in run.blocks.values() if b.category == "weights" and len(b.shape) >= 2}
     events = []
     for b in run.blocks.values():
         size = b.nbytes
-        if b.category in shard or (shard and b.category == "temporaries" and b.phase == "optimizer"):
+        category = b.category
+        if category not in _MODEL_STATES and b.phase != "optimizer" and tuple(b.shape) in param_shapes:
+            category = WEIGHT_COPIES
+        if category in shard or (shard and category == "temporaries" and b.phase == "optimizer"):
             size = -(-size // n)
-        events.append((b.alloc_seq, 1, size, b.category))
+        events.append((b.alloc_seq, 1, size, category))
         if b.free_seq is not None:
-            events.append((b.free_seq, 0, size, b.category))
+            events.append((b.free_seq, 0, size, category))
     events.sort(key=lambda e: (e[0], e[1]))
     live: dict[str, int] = {}
     total = 0
@@ -282,30 +291,21 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
         return good + bad
 
     out = rank(out)
-    for _ in range(verify):
-        if not out or not out[0].fits or out[0].verified:
+    verified = 0
+    while verified < verify:
+        first = next((c for c in out if c.fits and not c.verified), None)
+        if first is None or out.index(first) >= verify:
             break
-        first = out[0]
-        # the optimizer swaps' fused kernels are slow on fake tensors: the estimate runs the
-        # plan without the swap, and the swap's state is applied arithmetically to it
-        inner = Plan(first.plan.precision, first.plan.checkpointing, first.plan.micro_batch, None, first.plan.zero)
         try:
-            est = run_estimate(inner)
+            est = run_estimate(first.plan)
         except EstimateError as exc:
             first.note += f"; not verified: {str(exc)[:120]}"
             first.verified = True       # nothing more can be checked; keep the derived figures
-            break
-        if first.plan.optimizer is None:
-            alloc, reserved = est.peak_allocated_bytes, est.peak_reserved_bytes
-            how = "verified by a direct estimate"
-        else:
-            gt, gl = _grad_sizes(est)
-            vb = _Base(est, phase_profile(est, world_size, inner.zero), gt, gl, world_size, inner.zero)
-            alloc, reserved, _ = derive(vb, Plan(optimizer=first.plan.optimizer), batch)
-            how = f"verified by a direct estimate of {inner}, opt={first.plan.optimizer} applied arithmetically"
-        first.predicted_peak_allocated, first.predicted_peak_reserved = alloc, reserved
-        first.fits = fits(reserved)
+            continue
+        first.predicted_peak_allocated, first.predicted_peak_reserved = est.peak_allocated_bytes, est.peak_reserved_bytes
+        first.fits = fits(first.predicted_peak_reserved)
         first.verified = True
-        first.note = (first.note + "; " if first.note else "") + how
+        first.note = (first.note + "; " if first.note else "") + "verified by a direct estimate"
+        verified += 1
         out = rank(out)
     return out

@@ -146,6 +146,35 @@ def cast_to_bf16_with_masters(model: nn.Module, optimizer: torch.optim.Optimizer
     return handle
 
 
+class Bf16Weights(Handle):
+    """bf16-true under ZeRO-1/2: the frozen parameters are cast to bf16 here; the trained ones
+    are cast by ZeRO, which first makes the fp32 masters of each rank's shard from their
+    exact values. Undo casts every parameter back (from bf16: the lost digits stay lost)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        trained = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        self._dtypes: dict[int, tuple[torch.Tensor, torch.dtype]] = {}
+        frozen = 0
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.is_floating_point() and id(p) not in self._dtypes:
+                    self._dtypes[id(p)] = (p, p.dtype)
+                    if id(p) not in trained and p.dtype != torch.bfloat16:
+                        p.data = p.data.to(torch.bfloat16)
+                        frozen += 1
+        super().__init__(f"bf16 weights ({frozen} frozen cast here, the trained ones by ZeRO with fp32 masters "
+                         "of each rank's shard)")
+
+    def undo(self) -> None:
+        if self.undone:
+            return
+        with torch.no_grad():
+            for p, dtype in self._dtypes.values():
+                p.data = p.data.to(dtype)
+                p.grad = None
+        super().undo()
+
+
 class Precision(Handle):
     """The applied precision: the forward context, the backward and the optimizer step."""
 
@@ -154,7 +183,7 @@ class Precision(Handle):
         precision: str | None,
         device_type: str,
         scaler: "torch.amp.GradScaler | None" = None,
-        masters: MasterWeights | None = None,
+        masters: "MasterWeights | Bf16Weights | None" = None,
     ) -> None:
         self.precision = precision
         self.device_type = device_type
@@ -179,9 +208,11 @@ class Precision(Handle):
 
 
 def apply_precision(
-    model: nn.Module, optimizer: torch.optim.Optimizer, precision: str | None, device_type: str
+    model: nn.Module, optimizer: torch.optim.Optimizer, precision: str | None, device_type: str,
+    *, masters_in_zero: bool = False,
 ) -> Precision:
-    """Set up `precision` ("bf16", "fp16", "bf16-true" or None) for training on device_type."""
+    """Set up `precision` ("bf16", "fp16", "bf16-true" or None) for training on device_type.
+    `masters_in_zero`: for bf16-true, cast the weights only; ZeRO keeps the masters."""
     if precision is None:
         return Precision(None, device_type)
     check_autocast(precision, device_type)
@@ -191,6 +222,9 @@ def apply_precision(
     elif precision == "fp16":
         handle = Precision(precision, device_type, scaler=grad_scaler(device_type))
         log.info("memdoctor: fp16 autocast on %s with a dynamic loss scaler", device_type)
+    elif masters_in_zero:
+        handle = Precision(precision, device_type, masters=Bf16Weights(model, optimizer))
+        log.info("memdoctor: %s", handle.masters.description)
     else:
         handle = Precision(precision, device_type, masters=cast_to_bf16_with_masters(model, optimizer))
     return handle

@@ -47,7 +47,7 @@ def swap_optimizer(name: str, model: nn.Module, optimizer: torch.optim.Optimizer
     )
 
 
-def apply_zero(model: nn.Module, optimizer: torch.optim.Optimizer, stage: int) -> Handle:
+def apply_zero(model: nn.Module, optimizer: torch.optim.Optimizer, stage: int, master_weights: bool = False) -> Handle:
     """ZeRO from memdoctor.remedies.zero: `apply_zero(model, optimizer, stage=)` returning a
     handle with `.undo()` and, when it replaces the optimizer, `.optimizer`."""
     try:
@@ -58,6 +58,8 @@ def apply_zero(model: nn.Module, optimizer: torch.optim.Optimizer, stage: int) -
         raise ValueError(f"zero={stage} needs memdoctor.remedies.zero, which is not installed") from None
     if not hasattr(zero, "apply_zero"):
         raise ValueError("memdoctor.remedies.zero has no apply_zero(model, optimizer, stage=)")
+    if master_weights:
+        return zero.apply_zero(model, optimizer, stage=stage, master_weights=True)
     return zero.apply_zero(model, optimizer, stage=stage)
 
 
@@ -132,7 +134,9 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan | str
     device_type = device_type or _device_type(model)
     handles: list[Handle] = []
     try:
-        precision = apply_precision(model, optimizer, plan.precision, device_type)
+        # bf16-true under ZeRO-1/2: the ranks keep fp32 masters of their shards only
+        zero_masters = plan.precision == "bf16-true" and plan.zero in (1, 2)
+        precision = apply_precision(model, optimizer, plan.precision, device_type, masters_in_zero=zero_masters)
         handles.append(precision)
         if plan.checkpointing is not None:
             handles.append(apply_checkpointing(model, plan.checkpointing))
@@ -140,7 +144,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan | str
             handles.append(swap_optimizer(plan.optimizer, model, optimizer, plan))
             optimizer = handles[-1].optimizer
         if plan.zero is not None:
-            handles.append(apply_zero(model, optimizer, plan.zero))
+            handles.append(apply_zero(model, optimizer, plan.zero, master_weights=zero_masters))
             optimizer = getattr(handles[-1], "optimizer", optimizer)
             if precision.scaler is not None and hasattr(handles[-1], "sharded_grad_scaler"):
                 # each rank checks only its shard for inf: the ranks must agree to skip a step

@@ -66,10 +66,21 @@ ordinary module (no class swap, no DTensor in user code), which the rest of memd
 unchanged. FSDP2 is the tool for ZeRO-3, where the weights must leave the rank between uses:
 it gathers one block at a time, with prefetching.
 
+Master weights (`master_weights=True`, what `Plan("bf16-true,zero=2")` asks for): the
+trained parameters become bf16 views of bf16 buckets and each rank keeps fp32 masters for
+its shard only (made from the parameters' own values before the cast), the ZeRO paper's
+mixed precision. Gradients are reduced in the parameters' dtype into a
+low-precision gradient shard; before the step it becomes the masters' fp32 `.grad` (freed
+after the step), the optimizer steps the masters, and they are rounded into this rank's
+slice of the bucket before the all-gather. Between backward and the step a rank then holds
+2Ψ of weights, 2Ψ/N of gradients and 4Ψ/N + 8Ψ/N of masters and Adam state: the paper's
+2Ψ + 14Ψ/N. Undo gives the parameters back their own storage in the low precision.
+
 Limits: the optimizer's state_dict() holds this rank's shard (save one per rank, or undo()
 first for a whole one); micro=auto (halving on OOM) does not combine with ZeRO, since an OOM
-on one rank leaves the ranks' collectives out of step; bf16-true (fp32 masters outside the
-model) is refused: use bf16 autocast.
+on one rank leaves the ranks' collectives out of step; fp32 masters kept outside the model
+by the optimizer (the bf16-true remedy alone) are refused: ZeRO keeps them itself with
+master_weights=True.
 
 Mixed precision: with fp16 (a GradScaler), each rank sees only its shard's gradients, so
 the inf check must be agreed across ranks: use torch's ShardedGradScaler
@@ -238,6 +249,8 @@ class _Bucket:
     grad: torch.Tensor | None = None
     filled: set = field(default_factory=set)
     launched: bool = False
+    low: torch.Tensor | None = None       # master weights: this rank's low-precision slice of `flat`
+    low_grad: torch.Tensor | None = None  # master weights: the reduced gradient shard, low precision
 
     def shard_range(self, rank: int) -> tuple[int, int]:
         return rank * self.shard_numel, (rank + 1) * self.shard_numel
@@ -277,8 +290,10 @@ class FlatZero(ZeroHandle):
     impl = "flat"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, stage: int, group,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, max_in_flight: int = MAX_IN_FLIGHT,
+                 master_weights: bool = False, low_dtype: torch.dtype = torch.bfloat16) -> None:
         self.model, self.optimizer, self.stage, self.group = model, optimizer, stage, group
+        self.masters, self.low_dtype = bool(master_weights), low_dtype
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.max_in_flight = max(int(max_in_flight), 1)
@@ -289,6 +304,8 @@ class FlatZero(ZeroHandle):
         self._round_open = False
         self._late_warned = False
         groups = _trained_params(model, optimizer)
+        if self.masters and any(not p.is_floating_point() for ps in groups for p in ps):
+            raise ValueError("ZeRO master weights need floating-point parameters")
         _check_same_everywhere([len(groups)] + [sum(p.numel() for p in ps) for ps in groups]
                                + [len(ps) for ps in groups], group, "trained parameters")
         order = {id(p): i for i, p in enumerate(model.parameters())}
@@ -310,7 +327,7 @@ class FlatZero(ZeroHandle):
                 self._shard_state(old_state)
             self._hooks += [p.register_post_accumulate_grad_hook(self._grad_ready)
                             for b in self.buckets for p in b.params]
-            self._hooks.append(optimizer.register_step_pre_hook(lambda *a: self.wait()))
+            self._hooks.append(optimizer.register_step_pre_hook(lambda *a: self._before_step()))
             self._hooks.append(optimizer.register_step_post_hook(lambda *a: self.gather_params()))
         except BaseException:
             self._abandon(old_state)
@@ -318,6 +335,8 @@ class FlatZero(ZeroHandle):
         self.total_param_bytes = sum(p.numel() * p.element_size() for b in self.buckets for p in b.params)
         self.local_param_bytes = sum(b.shard.numel() * b.shard.element_size() for b in self.buckets)
         also = " (asked for ZeRO-1: gradients are sharded too, at no extra communication)" if stage == 1 else ""
+        if self.masters:
+            also += ", fp32 master weights of this rank's shard"
         super().__init__(
             f"ZeRO-{stage} over {self.world_size} ranks ({dist.get_backend(group)}), flat buckets: optimizer state "
             f"and gradients sharded{also}; this rank steps {_fmt(self.local_param_bytes)} of "
@@ -353,14 +372,20 @@ class FlatZero(ZeroHandle):
         flat = torch.zeros(numel, dtype=first.dtype, device=first.device)
         for p, off in zip(params, offsets):
             flat[off:off + p.numel()].view_as(p).copy_(p.detach())
-            p.data = flat[off:off + p.numel()].view_as(p)     # the old storage is freed here
-            p.grad = None
         dist.broadcast(flat, src=_src(self.group), group=self.group)
         shard_numel = numel // self.world_size
         start = self.rank * shard_numel
-        shard = nn.Parameter(flat[start:start + shard_numel], requires_grad=True)
+        if self.masters:        # fp32 masters from the exact values, then the weights in bf16
+            master = flat[start:start + shard_numel].to(torch.float32, copy=True)
+            flat = flat.to(self.low_dtype)
+        for p, off in zip(params, offsets):
+            p.data = flat[off:off + p.numel()].view_as(p)     # the old storage is freed here
+            p.grad = None
+        low = flat[start:start + shard_numel]
+        shard = nn.Parameter(master if self.masters else low, requires_grad=True)
         bucket = _Bucket(index, gi, params, offsets, numel, shard_numel, flat, shard,
-                         direct=len(params) == 1 and params[0].numel() == numel)
+                         direct=len(params) == 1 and params[0].numel() == numel,
+                         low=low if self.masters else None)
         for i, p in enumerate(params):
             self._where[id(p)] = (bucket, i)
         return bucket
@@ -467,6 +492,12 @@ class FlatZero(ZeroHandle):
             lo, hi = bucket.shard_range(self.rank)
             out = grad[lo:hi].clone()
         del grad
+        if self.masters:
+            if bucket.low_grad is None:
+                bucket.low_grad = out
+            else:
+                bucket.low_grad.add_(out)
+            return
         shard = bucket.shard
         if shard.grad is None:
             shard.grad = out
@@ -488,6 +519,15 @@ class FlatZero(ZeroHandle):
         while self._pending:
             self._complete(self._pending.popleft())
 
+    @torch.no_grad()
+    def _before_step(self) -> None:
+        self.wait()
+        if self.masters:            # the low-precision gradient shards become the masters' fp32 .grad
+            for b in self.buckets:
+                if b.low_grad is not None:
+                    b.shard.grad = b.low_grad.float()
+                    b.low_grad = None
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         previous, self._sync = self._sync, False
@@ -500,13 +540,22 @@ class FlatZero(ZeroHandle):
     @torch.no_grad()
     def gather_params(self) -> None:
         """Every rank's updated shard into every rank's full parameters (in place)."""
+        if self.masters:            # round the stepped masters into this rank's slice; their fp32 grads go
+            for b in self.buckets:
+                b.low.copy_(b.shard)
+                b.shard.grad = None
         if self._all_reduce:            # gloo: a separate input gathers faster than one inside the output
             for b in self.buckets:
-                _all_gather(b.flat, b.shard.detach().clone(), group=self.group)
+                _all_gather(b.flat, self._local(b).clone(), group=self.group)
             return
-        works = [_all_gather(b.flat, b.shard.detach(), group=self.group, async_op=True) for b in self.buckets]
+        works = [_all_gather(b.flat, self._local(b), group=self.group, async_op=True) for b in self.buckets]
         for w in works:
             w.wait()
+
+    @staticmethod
+    def _local(b: _Bucket) -> torch.Tensor:
+        """This rank's slice of the bucket, as the all-gather sends it."""
+        return b.low if b.low is not None else b.shard.detach()
 
     # ---- undo -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -534,6 +583,7 @@ class FlatZero(ZeroHandle):
                 p.data = p.data.clone()          # own storage again; the bucket goes
                 p.grad = None
             b.shard.grad = None
+            b.low = b.low_grad = None
         for group_dict, params in zip(opt.param_groups, self._original_params):
             group_dict["params"] = params
         for p, s in restored_state.items():
@@ -707,12 +757,15 @@ def _fsdp_no_sync(model: nn.Module):
 
 # ----------------------------------------------------------------------------- the remedy
 def apply_zero(model: nn.Module, optimizer: torch.optim.Optimizer, stage: int = 2, process_group=None, *,
-               impl: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ZeroHandle:
+               impl: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+               master_weights: bool = False) -> ZeroHandle:
     """Shard optimizer state and gradients (stage 1, 2) or also parameters (stage 3) over the
     ranks of `process_group` (default: the default group torchrun's script initialised).
 
     `impl`: "flat" (stages 1-2, the default for them) or "fsdp" (FSDP2; the default and only
-    choice for stage 3). Collective: every rank calls it, and later `handle.undo()`.
+    choice for stage 3). `master_weights`: the trained parameters become bf16 and each rank
+    keeps fp32 masters of its shard (flat stages 1-2 only). Collective: every rank calls it, and
+    later `handle.undo()`.
     """
     if stage not in (1, 2, 3):
         raise ValueError(f"ZeRO stage must be 1, 2 or 3, not {stage!r}")
@@ -723,8 +776,11 @@ def apply_zero(model: nn.Module, optimizer: torch.optim.Optimizer, stage: int = 
         raise ValueError("ZeRO-3 shards parameters between uses: that is FSDP2 (impl='fsdp')")
     group = _group(process_group)
     _check_optimizer(optimizer, stage)
+    if master_weights and impl != "flat":
+        raise ValueError("master weights are kept by the flat ZeRO-1/2 only; ZeRO-3 (FSDP2) does not take bf16-true")
     if impl == "flat":
-        handle: ZeroHandle = FlatZero(model, optimizer, stage, group, bucket_bytes=bucket_bytes)
+        handle: ZeroHandle = FlatZero(model, optimizer, stage, group, bucket_bytes=bucket_bytes,
+                                      master_weights=master_weights)
     else:
         handle = FSDPZero(model, optimizer, stage, group)
     if dist.get_rank(group) == 0:

@@ -54,6 +54,7 @@ import os
 from typing import Any, Iterable
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 try:  # triton is optional: without it everything runs on the torch fallback
     import triton
@@ -614,6 +615,13 @@ def _launch_one(p: torch.Tensor, g: torch.Tensor, state: dict, h: _Hyper, mode: 
 
 # ------------------------------------------------------------------------ the optimizer
 
+def _is_fake(t: torch.Tensor) -> bool:
+    """A FakeTensor (memdoctor.estimate's shapes-only run): the step then only makes the
+    state, exactly as the kernels would find it, and moves no data. The kernels allocate
+    nothing else, so the estimate sees all the memory a real step uses."""
+    return is_fake(t)
+
+
 class FusedAdamW(torch.optim.Optimizer):
     """AdamW with fused multi-tensor steps and fp32, bf16 or blockwise 8-bit states.
 
@@ -737,7 +745,10 @@ class FusedAdamW(torch.optim.Optimizer):
                 loss = closure()
         for index, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
-            if params:
+            if params and _is_fake(params[0]):
+                for p in params:
+                    self._init_state(p)
+            elif params:
                 self._step_group(index, group, params)
         return loss
 
@@ -778,6 +789,9 @@ class FusedAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def update_param(self, p: torch.Tensor, group: dict | None = None) -> None:
         """Step one parameter from its `.grad`, alone (the in-backward step)."""
+        if _is_fake(p):
+            self._init_state(p)
+            return
         self._update_one(p, self._group_of(p) if group is None else group)
         # a parameter stepped alone leaves the cached buckets' step counts behind
         if self._buckets:
