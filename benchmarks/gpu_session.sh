@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh 1    # GPU tests, fused AdamW, checkpointing cost | estimate accuracy
 #   bash benchmarks/gpu_session.sh 2    # GPT-2 1.5B plans (planner's model | transformers') ; ZeRO on 2 GPUs
 #   bash benchmarks/gpu_session.sh 3    # after the fixes pass 1 and 2 called for (see the part itself)
+#   bash benchmarks/gpu_session.sh 4    # after the fixes pass 3 called for
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -70,5 +71,18 @@ elif [ "$part" = 3 ]; then
     wait
     lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
     lane 0,1 zero_memory torchrun --nproc-per-node 2 --standalone benchmarks/zero_memory.py --out "$OUT"
+elif [ "$part" = 4 ]; then
+    # the planner's final candidates (optimizer swaps costed by measurement), its speed with
+    # parallel estimates, and the remedies under budget.cuda with explicit devices
+    P=benchmarks/results/plans
+    lane 0 plans_32GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+        --plans-from $P/gpt2-1.5b_b8_32GiB.json --top 4 --steps 4 --tag gpt2-1.5b_b8_32GiB &
+    (
+        lane 1 remedy_memory_gpu python benchmarks/remedy_memory_gpu.py --only s05_validation_pass.py s06_language_model_head.py
+        lane 1 remedy_memory_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_remedy_memory_gpu.py
+    ) &
+    ( /usr/bin/time -f "%e s wall" python -m memdoctor plan --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+        --json > "$OUT/plan_speed_b8_32GiB.json" ) 2> "$OUT/plan_speed.log"
+    wait
 fi
 tail -n 3 "$OUT"/*.log

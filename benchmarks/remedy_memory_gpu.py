@@ -32,13 +32,14 @@ def child(name: str, fixed: bool, capped: bool) -> dict:
     case = cases.CASES[name]
     budget = parse_size(cases.expected(name)["budget"]["cuda"])
     out = {"scenario": name, "fixed": fixed, "capped": capped, "budget": budget, "oom": False}
-    with torch.device("cuda"):
-        model, optimizer = case.build()
-        try:
-            with memdoctor.watch(model, optimizer, budget=budget if capped else None) as doc:
-                case.loop(model, optimizer, fixed)
-        except torch.OutOfMemoryError as exc:
-            out.update(oom=True, error=str(exc).splitlines()[0][:300])
+    cases.DEVICE = "cuda"
+    model, optimizer = case.build()
+    model.to("cuda")            # in place: the optimizer (no state yet) keeps the same parameters
+    try:
+        with memdoctor.watch(model, optimizer, budget=budget if capped else None) as doc:
+            case.loop(model, optimizer, fixed)
+    except torch.OutOfMemoryError as exc:
+        out.update(oom=True, error=str(exc).splitlines()[0][:300])
     torch.cuda.synchronize()
     out.update(source=doc.run.source if doc.run else None,
                first_rule=doc.findings[0].rule if doc.findings else None,

@@ -69,3 +69,15 @@ def test_bad_input_is_one_line_exit_2(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("memdoctor:") and "\n" not in err
     assert main(["plan", "--model", MODEL, "--batch", "0", "--budget", "1GiB"]) == 2
+
+
+def test_estimates_in_worker_processes_give_the_same_plans(monkeypatch):
+    """The parallel path (taken on machines of more than two cores) against the serial one."""
+    from memdoctor.remedies import planner
+    budget = 3 * GiB        # only the 8-bit plan fits (2.7 GiB derived; the others 3.6-4.0 GiB)
+    cands = ["none", "bf16", "ckpt=full", "bf16,ckpt=full", "bf16,ckpt=full,opt=adamw-8bit"]
+    serial = plan_for_budget(MODEL, BATCH, SEQ, budget, candidates=cands)
+    monkeypatch.setattr(planner, "_worker_count", lambda jobs: min(jobs, 2))
+    parallel = plan_for_budget(MODEL, BATCH, SEQ, budget, candidates=cands)
+    assert [c.to_dict() for c in parallel] == [c.to_dict() for c in serial]
+    assert any(c.verified and "verified by a direct estimate" in c.note for c in parallel)

@@ -33,6 +33,12 @@ from memdoctor.units import format_bytes, parse_size
 from tests.conftest import ROOT, shared_path
 
 
+# where the restated loops make their data: benchmarks/remedy_memory_gpu.py sets "cuda" (an
+# explicit device, as the scripts have it, rather than a torch.device context: with torch
+# 2.11 a checkpoint's recompute under that context fails, which no script here does)
+DEVICE = "cpu"
+
+
 def expected(name: str) -> dict:
     return json.loads(shared_path("scenarios", "expected.json").read_text())[name]
 
@@ -56,8 +62,8 @@ def s02_loop(model, optimizer, fixed):
     buffers, the third repeats the second)."""
     prepared = prepare(model, optimizer, Plan(micro_batch=4096) if fixed else Plan())
     for _ in range(2):
-        x = torch.randn(16384, 256)
-        y = torch.randint(0, 10, (16384,))
+        x = torch.randn(16384, 256, device=DEVICE)
+        y = torch.randint(0, 10, (16384,), device=DEVICE)
         prepared.step((x, y), lambda m, b: F.cross_entropy(m(b[0]), b[1]))
 
 
@@ -97,7 +103,7 @@ def s03_build():
 def s03_loop(model, optimizer, fixed):
     prepared = prepare(model, optimizer, Plan(checkpointing="full") if fixed else Plan())
     for _ in range(2):
-        prepared.step(torch.randn(2, 2048, 128), lambda m, x: m(x).pow(2).mean())
+        prepared.step(torch.randn(2, 2048, 128, device=DEVICE), lambda m, x: m(x).pow(2).mean())
 
 
 class S04Encoder(nn.Module):
@@ -134,8 +140,8 @@ def s04_loop(model, optimizer, fixed):
         out["emb"], pred = m(batch[0])
         return (pred - batch[1]).pow(2).mean()
     for _ in range(60):
-        x = torch.randn(1024, 256)
-        y = torch.randn(1024, 1)
+        x = torch.randn(1024, 256, device=DEVICE)
+        y = torch.randn(1024, 1, device=DEVICE)
         prepared.step((x, y), loss_fn)
         emb = out.pop("emb")
         embeddings.append(s04_keep(emb) if fixed else emb)
@@ -160,15 +166,16 @@ def s05_loop(model, optimizer, fixed):
     for _ in range(1):
         model.train()
         for _ in range(4):
-            x = torch.randn(1024, 512)
-            y = torch.randint(0, 100, (1024,))
+            x = torch.randn(1024, 512, device=DEVICE)
+            y = torch.randint(0, 100, (1024,), device=DEVICE)
             prepared.step((x, y), lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+        optimizer.zero_grad(set_to_none=True)   # as the script: no gradients left for the evaluation
         model.eval()
         correct = 0
         with torch.no_grad() if fixed else torch.enable_grad():
             for _ in range(2):
-                x = torch.randn(8192, 512)
-                y = torch.randint(0, 100, (8192,))
+                x = torch.randn(8192, 512, device=DEVICE)
+                y = torch.randint(0, 100, (8192,), device=DEVICE)
                 correct += (model(x).argmax(dim=-1) == y).sum().item()
 
 
@@ -205,7 +212,7 @@ def s06_chunked_loss(m, ids):
 def s06_loop(model, optimizer, fixed):
     prepared = prepare(model, optimizer, Plan())
     for _ in range(2):
-        ids = torch.randint(0, S06_VOCAB, (S06_BATCH, S06_SEQ + 1))
+        ids = torch.randint(0, S06_VOCAB, (S06_BATCH, S06_SEQ + 1), device=DEVICE)
         prepared.step(ids, s06_chunked_loss if fixed else s06_full_loss)
 
 
@@ -256,14 +263,14 @@ def s08_build():
 def s08_loss(m, ids):
     lm_logits, mc_logits = m(ids)
     lm_loss = F.cross_entropy(lm_logits[:, :-1].reshape(-1, S08_VOCAB), ids[:, 1:].reshape(-1))
-    mc_loss = F.cross_entropy(mc_logits.view(2, S08_CHOICES), torch.zeros(2, dtype=torch.long))
+    mc_loss = F.cross_entropy(mc_logits.view(2, S08_CHOICES), torch.zeros(2, dtype=torch.long, device=mc_logits.device))
     return lm_loss + mc_loss
 
 
 def s08_loop(model, optimizer, fixed):
     prepared = prepare(model, optimizer, Plan(checkpointing="full") if fixed else Plan())
     for _ in range(2):
-        prepared.step(torch.randint(0, S08_VOCAB, (2 * S08_CHOICES, S08_SEQ)), s08_loss)
+        prepared.step(torch.randint(0, S08_VOCAB, (2 * S08_CHOICES, S08_SEQ), device=DEVICE), s08_loss)
 
 
 @dataclass(frozen=True)

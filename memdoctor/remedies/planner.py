@@ -5,7 +5,9 @@
 
 How it searches (fast enough for GPT-2 1.5B on a CPU, where one estimate takes seconds):
 - the structural variants (precision x checkpointing x ZeRO) are estimated with
-  memdoctor.estimate at the full batch, lazily, in order of cost, at most `max_estimates`;
+  memdoctor.estimate at the full batch, in order of cost, at most `max_estimates`; for a
+  known model on a machine with more than two cores they are estimated all at once in worker
+  processes (one core each), otherwise lazily, one by one;
 - from each such estimate a per-phase profile is taken (the live bytes of every category
   at the peak of each phase: forward, backward, optimizer, ...), and the micro-batch and
   optimizer variants are derived from it arithmetically:
@@ -35,8 +37,11 @@ constants are a model, not measurements:
   selective: +0.10 (only the cheap ops are recomputed); N blocks: +1/3 * N/blocks is not
   searched;
 - micro-batches: x(1 + 0.05 * log2(batch/micro)) (smaller kernels use the GPU less well);
-- optimizer: adamw-bf16 x1.0, adamw-8bit x1.02 (quantize/dequantize), in-backward x1.0,
-  in-backward-8bit x1.02;
+- optimizer swaps: x1.0. Their fused steps move 20 (bf16 states) or ~16 (8-bit) bytes a
+  parameter against fp32 states' 28, and the step is a few % of a training step: measured
+  on the H200, their steps took 2.5-2.6 ms for GPT-2 355M at the default launch
+  configuration, and GPT-2 1.5B plans differing only in bf16 or 8-bit states stepped within
+  3% of each other, either one ahead (benchmarks/results/gpu/). Ties go to the lower peak;
 - ZeRO-2: x(1 + 0.05 * log2(world_size)) (reduce-scatter and all-gather over the ranks).
 The plain plan, when it fits, is always the first choice: nothing needs to change (bf16,
 although cheaper by this model, changes the numerics).
@@ -44,7 +49,10 @@ although cheaper by this model, changes the numerics).
 from __future__ import annotations
 
 import bisect
+import concurrent.futures as cf
 import math
+import multiprocessing
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -55,7 +63,7 @@ __all__ = ["Candidate", "plan_for_budget", "plan_cost", "derive", "phase_profile
 BF16_FACTOR = 0.6
 CKPT_COST = {None: 0.0, "selective": 0.10, "full": 1.0 / 3.0}
 MICRO_COST_PER_HALVING = 0.05
-OPT_COST = {None: 1.0, "adamw-bf16": 1.0, "adamw-8bit": 1.02, "in-backward": 1.0, "in-backward-8bit": 1.02}
+OPT_COST = {None: 1.0, "adamw-bf16": 1.0, "adamw-8bit": 1.0, "in-backward": 1.0, "in-backward-8bit": 1.0}
 ZERO_COST_PER_DOUBLING = 0.05
 STATE_BYTES = {"adamw-bf16": 4.0, "adamw-8bit": 2.03, "in-backward-8bit": 2.03}  # per parameter, against 8
 IN_BACKWARD = ("in-backward", "in-backward-8bit")
@@ -152,6 +160,49 @@ def phase_profile(est, world_size: int = 1, zero: int | None = None) -> dict[str
             live[cat] = live.get(cat, 0) - size
             total -= size
     return snaps
+
+
+def _estimate_job(job: tuple):
+    """One estimate of a known model in a worker process (picklable arguments and result)."""
+    import torch
+    from ..estimate import EstimateError, estimate_config
+    torch.set_num_threads(1)
+    name, batch, seq, plan, world_size, config = job
+    try:
+        return estimate_config(name, batch=batch, seq=seq, plan=plan, world_size=world_size, **config)
+    except EstimateError as exc:
+        return exc
+
+
+def _worker_count(jobs: int) -> int:
+    """Worker processes for `jobs` estimates: one core each, one core left to this process;
+    none (estimate here) on a machine of two cores or fewer."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return 0 if cores <= 2 or jobs <= 1 else min(jobs, cores - 1)
+
+
+def _estimate_all(run_estimate: Callable, jobs: list[tuple], plans: list[Plan]) -> list:
+    """Estimates (or the EstimateError) of `plans`: in worker processes when `jobs` (their
+    picklable descriptions) are given and cores allow, else one by one here."""
+    from ..estimate import EstimateError
+    workers = _worker_count(len(plans)) if jobs else 0
+    if workers:
+        try:
+            ctx = multiprocessing.get_context("spawn")
+            with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                return list(pool.map(_estimate_job, jobs))
+        except (OSError, cf.process.BrokenProcessPool):
+            pass                            # no worker processes here: estimate one by one
+    out = []
+    for plan in plans:
+        try:
+            out.append(run_estimate(plan))
+        except EstimateError as exc:
+            out.append(exc)
+    return out
 
 
 def _grad_sizes(est) -> tuple[int, int]:
@@ -252,28 +303,49 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
     def fits(reserved: int) -> bool:
         return reserved * (1.0 + margin) <= budget_bytes
 
-    bases: dict[tuple, _Base | None] = {}
-    base_errors: dict[tuple, str] = {}
+    def job(plan: Plan) -> tuple:
+        return (model_name_or_build, batch, seq, str(plan), world_size, config)
+
+    def estimate_many(many: list[Plan]) -> list:
+        jobs = [job(p) for p in many] if isinstance(model_name_or_build, str) else []
+        return _estimate_all(run_estimate, jobs, many)
+
     plans = _combinations(batch, world_size, candidates)
     plans.sort(key=lambda p: (plan_cost(p, batch, world_size), len(str(p))))
+    keys: list[tuple] = []
+    for plan in plans:
+        key = (plan.precision, plan.checkpointing, plan.zero)
+        if key not in keys:
+            keys.append(key)
+    keys = keys[:max_estimates]
+    structural = [Plan(k[0], k[1], None, None, k[2]) for k in keys]
+    bases: dict[tuple, _Base | None] = {}
+    if _worker_count(len(keys)) and isinstance(model_name_or_build, str):
+        prefetched = dict(zip(keys, estimate_many(structural)))     # all at once, in parallel
+    else:
+        prefetched = {}
+
+    def base_of(key: tuple) -> _Base | None:
+        if key not in bases:
+            if key in prefetched:
+                est = prefetched[key]
+            else:
+                est = estimate_many([Plan(key[0], key[1], None, None, key[2])])[0]
+            if isinstance(est, EstimateError):
+                bases[key] = None
+            else:
+                gt, gl = _grad_sizes(est)
+                bases[key] = _Base(est, phase_profile(est, world_size, key[2]), gt, gl, world_size, key[2])
+        return bases[key]
+
     out: list[Candidate] = []
     for plan in plans:
         if any(c.fits and _subset(c.plan, plan) and c.plan != plan for c in out):
             continue
         key = (plan.precision, plan.checkpointing, plan.zero)
-        if key not in bases:
-            if len(bases) >= max_estimates:
-                continue
-            structural = Plan(plan.precision, plan.checkpointing, None, None, plan.zero)
-            try:
-                est = run_estimate(structural)
-            except EstimateError as exc:
-                bases[key] = None
-                base_errors[key] = str(exc)
-                continue
-            gt, gl = _grad_sizes(est)
-            bases[key] = _Base(est, phase_profile(est, world_size, plan.zero), gt, gl, world_size, plan.zero)
-        base = bases[key]
+        if key not in keys:
+            continue
+        base = base_of(key)
         if base is None:
             continue
         structural_only = plan.micro_batch is None and plan.optimizer is None
@@ -291,21 +363,18 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
         return good + bad
 
     out = rank(out)
-    verified = 0
-    while verified < verify:
-        first = next((c for c in out if c.fits and not c.verified), None)
-        if first is None or out.index(first) >= verify:
+    while True:
+        pending = [c for c in out[:verify] if c.fits and not c.verified]
+        if not pending:
             break
-        try:
-            est = run_estimate(first.plan)
-        except EstimateError as exc:
-            first.note += f"; not verified: {str(exc)[:120]}"
-            first.verified = True       # nothing more can be checked; keep the derived figures
-            continue
-        first.predicted_peak_allocated, first.predicted_peak_reserved = est.peak_allocated_bytes, est.peak_reserved_bytes
-        first.fits = fits(first.predicted_peak_reserved)
-        first.verified = True
-        first.note = (first.note + "; " if first.note else "") + "verified by a direct estimate"
-        verified += 1
+        for cand, est in zip(pending, estimate_many([c.plan for c in pending])):
+            cand.verified = True
+            if isinstance(est, EstimateError):  # nothing more can be checked; keep the derived figures
+                cand.note += f"; not verified: {str(est)[:120]}"
+                continue
+            cand.predicted_peak_allocated, cand.predicted_peak_reserved = \
+                est.peak_allocated_bytes, est.peak_reserved_bytes
+            cand.fits = fits(cand.predicted_peak_reserved)
+            cand.note = (cand.note + "; " if cand.note else "") + "verified by a direct estimate"
         out = rank(out)
     return out
