@@ -4,8 +4,11 @@ variants, each in a fresh process, with the full traceback of any failure.
 
     python benchmarks/chunked_ce_cuda_probe.py      # -> $OUT/chunked_ce_cuda_probe.json
 
-Variants: as memdoctor has it, under memdoctor.watch (allocator source) and without it;
-with a reentrant checkpoint; with the loss written as logsumexp - gather.
+Variants: as memdoctor has it (no early stop), under memdoctor.watch (allocator source) and
+without it; with the checkpoint's early stop on; with a reentrant checkpoint; with the loss
+written as logsumexp - gather. Found with early stop on (first pass of this probe): failed
+under watch whatever the loss's ops (cross_entropy, or logsumexp - gather: the SystemError
+came from the op during which the recompute was stopped), ran unwatched and reentrant.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-VARIANTS = ("as-is-watched", "as-is-unwatched", "reentrant-watched", "logsumexp-watched")
+VARIANTS = ("as-is-watched", "earlystop-watched", "as-is-unwatched", "reentrant-watched")
 
 
 def child(variant: str) -> dict:
@@ -32,6 +35,9 @@ def child(variant: str) -> dict:
     if variant.startswith("reentrant"):
         real = cce.checkpoint
         cce.checkpoint = lambda fn, *a, use_reentrant=False, **k: real(fn, *a, use_reentrant=True, **k)
+    if variant.startswith("earlystop"):      # the early stop memdoctor turns off, back on
+        import contextlib
+        cce.set_checkpoint_early_stop = lambda enable: contextlib.nullcontext()
     if variant.startswith("logsumexp"):
         def loss(hidden, weight, bias, targets, ignore_index):
             logits = F.linear(hidden, weight, bias).float()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 
 def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -59,7 +59,13 @@ def chunked_cross_entropy(
     # split: one backward node joins the chunks' gradients, no full-size zeros per chunk
     for part, part_targets in zip(flat.split(size), flat_targets.split(size)):
         if grad:
-            loss = checkpoint(_chunk_loss, part, weight, bias, part_targets, ignore_index, use_reentrant=False)
+            # no early stop: it ends the recompute by raising through the loss's ops, and on
+            # CUDA under memdoctor.watch (torch 2.11) that exception was lost in backward
+            # (a SystemError; benchmarks/chunked_ce_cuda_probe.py). The loss is the chunk's
+            # last op, so stopping early saves nothing here.
+            with set_checkpoint_early_stop(False):
+                loss = checkpoint(_chunk_loss, part, weight, bias, part_targets, ignore_index,
+                                  use_reentrant=False)
         else:
             loss = _chunk_loss(part, weight, bias, part_targets, ignore_index)
         total = loss if total is None else total + loss
