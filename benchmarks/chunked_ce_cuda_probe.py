@@ -1,17 +1,20 @@
-"""Why s06's chunked cross-entropy fails on CUDA (SystemError from cross_entropy_loss during
-the checkpoint's recompute in backward): the s06 loop with the remedy, on the GPU, in
-variants, each in a fresh process, with the full traceback of any failure.
+"""Why a checkpointed chunked cross-entropy failed on CUDA under memdoctor.watch: the s06 loop
+with its remedy, on the GPU, with the chunked loss written in several ways, each in a fresh
+process, with the full traceback of any failure.
 
     python benchmarks/chunked_ce_cuda_probe.py      # -> $OUT/chunked_ce_cuda_probe.json
 
-Variants: as memdoctor has it (no early stop), under memdoctor.watch (allocator source) and
-without it; with the checkpoint's early stop on; with a reentrant checkpoint; with the loss
-written as logsumexp - gather. Found with early stop on (first pass of this probe): failed
-under watch whatever the loss's ops (cross_entropy, or logsumexp - gather: the SystemError
-came from the op during which the recompute was stopped), ran unwatched and reentrant.
+Variants: memdoctor's chunked_cross_entropy (an autograd Function); each chunk's loss under
+torch.utils.checkpoint (non-reentrant), watched and unwatched, with the early stop off, and
+reentrant. What the first run found (torch 2.11, H200; benchmarks/results/gpu/h200_pass5):
+the non-reentrant checkpoint failed under watch in backward with "SystemError: ... returned
+NULL without setting an exception" at the loss's last ops (cross_entropy, or logsumexp -
+gather written out), ran unwatched, and ran reentrant. memdoctor's chunked loss is since an
+autograd Function: no recompute, nothing raised through it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,29 +25,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-VARIANTS = ("as-is-watched", "earlystop-watched", "as-is-unwatched", "reentrant-watched")
+VARIANTS = ("memdoctor-watched", "checkpoint-watched", "checkpoint-unwatched", "checkpoint-noearlystop-watched",
+            "checkpoint-reentrant-watched")
+
+
+def checkpointed_chunked_ce(hidden, weight, targets, chunks=8, reentrant=False, early_stop=True):
+    """Each chunk's projection and loss under torch.utils.checkpoint (the mean over tokens)."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    def chunk_loss(h, w, t):
+        return F.cross_entropy(F.linear(h, w), t, reduction="sum")
+    flat, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    size = -(-flat.shape[0] // chunks)
+    total = 0
+    for h, t in zip(flat.split(size), flat_t.split(size)):
+        ctx = contextlib.nullcontext() if early_stop else set_checkpoint_early_stop(False)
+        with ctx:
+            total = total + checkpoint(chunk_loss, h, weight, t, use_reentrant=reentrant)
+    return total / flat.shape[0]
 
 
 def child(variant: str) -> dict:
     import torch
-    import torch.nn.functional as F
 
     import memdoctor
-    import memdoctor.remedies.chunked_ce as cce
     from tests import test_remedy_memory as cases
-    if variant.startswith("reentrant"):
-        real = cce.checkpoint
-        cce.checkpoint = lambda fn, *a, use_reentrant=False, **k: real(fn, *a, use_reentrant=True, **k)
-    if variant.startswith("earlystop"):      # the early stop memdoctor turns off, back on
-        import contextlib
-        cce.set_checkpoint_early_stop = lambda enable: contextlib.nullcontext()
-    if variant.startswith("logsumexp"):
-        def loss(hidden, weight, bias, targets, ignore_index):
-            logits = F.linear(hidden, weight, bias).float()
-            keep = targets != ignore_index
-            picked = logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-            return ((torch.logsumexp(logits, dim=-1) - picked) * keep).sum()
-        cce._chunk_loss = loss
+    if variant.startswith("checkpoint"):
+        cases.chunked_cross_entropy = lambda h, w, t, chunks=8: checkpointed_chunked_ce(
+            h, w, t, chunks, reentrant="reentrant" in variant, early_stop="noearlystop" not in variant)
     cases.DEVICE = device = os.environ.get("PROBE_DEVICE", "cuda")    # cpu: a smoke test
     case = cases.CASES["s06_language_model_head.py"]
     model, optimizer = case.build()

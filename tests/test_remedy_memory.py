@@ -395,6 +395,34 @@ def test_chunked_cross_entropy_equals_the_full_one(bias):
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_chunked_cross_entropy_under_bf16_autocast_and_frozen_features():
+    torch.manual_seed(1)
+    hidden = torch.randn(2, 40, 16, requires_grad=True)
+    weight = torch.randn(300, 16, requires_grad=True)
+    targets = torch.randint(0, 300, (2, 40))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = F.cross_entropy(F.linear(hidden, weight).reshape(-1, 300), targets.reshape(-1))
+        got = chunked_cross_entropy(hidden, weight, targets, chunks=3)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref.float(), rtol=1e-2, atol=1e-2)
+    ref_grads = torch.autograd.grad(ref, (hidden, weight))
+    grads = torch.autograd.grad(got, (hidden, weight))
+    for g, r, t in zip(grads, ref_grads, (hidden, weight)):
+        assert g.dtype == t.dtype
+        torch.testing.assert_close(g, r.to(g.dtype), rtol=5e-2, atol=5e-3)
+    # features that need no gradient (a frozen body): the head's weight still gets its gradient
+    frozen = hidden.detach()
+    (w_grad,) = torch.autograd.grad(chunked_cross_entropy(frozen, weight, targets, chunks=4), (weight,))
+    (w_ref,) = torch.autograd.grad(F.cross_entropy(F.linear(frozen, weight).reshape(-1, 300),
+                                                   targets.reshape(-1)), (weight,))
+    torch.testing.assert_close(w_grad, w_ref, rtol=1e-5, atol=1e-6)
+    # double precision stays double
+    h64, w64 = hidden.detach().double().requires_grad_(), weight.detach().double()
+    got64 = chunked_cross_entropy(h64, w64, targets, chunks=5)
+    assert got64.dtype == torch.float64
+    torch.testing.assert_close(got64, F.cross_entropy(F.linear(h64, w64).reshape(-1, 300), targets.reshape(-1)))
+
+
 def test_chunked_cross_entropy_keeps_one_chunk_of_logits():
     """Saved for backward: no tensor the size of all tokens' logits; in backward at most a
     few of one chunk's."""
