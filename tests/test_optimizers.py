@@ -129,7 +129,8 @@ INTERPRETED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None and not os.environ.get("CI"),
+                    reason="triton is not installed (the test extras install it on Linux x86-64)")
 def test_triton_kernel_interpreted_on_cpu_matches():
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", INTERPRETED], capture_output=True, text=True,
