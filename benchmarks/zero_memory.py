@@ -24,9 +24,8 @@ steps after warm-up.
 On CPU (gloo) there is no allocator to ask, so three readings stand side by side: "after
 step" is every storage a live Python tensor holds (a gc scan: it sees FSDP2's storage
 resizes but not what C++ holds, such as DDP's buckets); "after step (tracer)" and "peak"
-come from memdoctor's dispatch tracer on a twin run (it sees DDP's buckets but not storages
-freed by resize_(0), which is how FSDP2 frees gathered weights, so its FSDP2 values are
-upper bounds); "peak (RSS)" is resident memory sampled every 0.5 ms by a thread, with glibc
+come from memdoctor's dispatch tracer on a twin run (it sees DDP's buckets, FSDP2's storage
+resizes and DTensors' local shards); "peak (RSS)" is resident memory sampled every 0.5 ms by a thread, with glibc
 made to map every allocation over 64 KiB on its own (the script re-executes itself with
 MALLOC_MMAP_THRESHOLD_ set), which sees everything, gloo's internal buffers and the
 process's own growth included (the first configuration run pays for the latter).
@@ -163,8 +162,9 @@ def run_config(config: str, args, device: torch.device, traced: bool) -> dict:
     from memdoctor.trace.session import Tracer
     rank = dist.get_rank()
     tracer = Tracer(source="dispatch") if traced else contextlib.nullcontext()
-    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if args.precision == "bf16"
-                else contextlib.nullcontext())
+    # bf16-true computes in bf16 whatever --precision says (its weights are bf16)
+    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+                if args.precision == "bf16" or config == "zero2-bf16-true" else contextlib.nullcontext())
     if device.type == "cuda":
         torch.cuda.synchronize()
         gc.collect()
@@ -233,8 +233,8 @@ def run_config(config: str, args, device: torch.device, traced: bool) -> dict:
 
 
 def live_tensor_bytes() -> int:
-    """CPU: the bytes of every storage a live tensor holds now, each once. Unlike the dispatch
-    tracer this sees FSDP2's storage resizes (it frees gathered weights with resize_(0))."""
+    """CPU: the bytes of every storage a live tensor holds now, each once (what C++ alone
+    holds, such as DDP's buckets, is not seen)."""
     gc.collect()
     seen, total = set(), 0
     for obj in gc.get_objects():

@@ -524,3 +524,28 @@ def test_category_names_are_the_contract():
     """The category names every breakdown uses are exactly the seven of the JSON contract."""
     assert CATEGORIES == ["weights", "gradients", "optimizer_state", "activations",
                           "temporaries", "inputs", "other"]
+
+
+def test_storages_resized_in_place_are_followed():
+    """FSDP2 frees gathered weights with `untyped_storage().resize_(0)` and gathers them
+    again into the same storage: the tracer ends the block and starts a new one."""
+    import memdoctor
+    from memdoctor.attribution import peak
+    MiB = 2**20
+    before = torch.UntypedStorage.__dict__.get("resize_")
+    with memdoctor.watch(source="dispatch", budget="7MiB") as doc:
+        a = torch.empty(MiB, dtype=torch.uint8).fill_(1)        # 1 MiB
+        storage = a.untyped_storage()
+        storage.resize_(0)
+        b = torch.empty(5 * MiB, dtype=torch.uint8)
+        storage.resize_(MiB)                                      # 6 MiB live
+        with pytest.raises(torch.OutOfMemoryError):
+            storage.resize_(3 * MiB)                              # 8 MiB would pass the budget
+        del b
+        storage.resize_(0)
+        live = doc.tracer.recorder.live_bytes
+    assert live == 0
+    assert peak(doc.run)[1] == 6 * MiB
+    sizes = sorted(blk.nbytes for blk in doc.run.blocks.values())
+    assert sizes == [MiB, MiB, 5 * MiB] and all(blk.free_seq is not None for blk in doc.run.blocks.values())
+    assert torch.UntypedStorage.__dict__.get("resize_") is before      # the method is put back

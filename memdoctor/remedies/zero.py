@@ -44,15 +44,14 @@ the s01 model, 4 x [Linear(2048, 2048), GELU], batch 8, fp32, AdamW foreach=Fals
 rank, MiB; step: mean of 8 steps after 2 warm-ups on this 2-core machine):
 
     config                      after step   peak (tracer)   peak (RSS)   step (ms)
-    DDP                            320.2         352.2          352.8        292
-    ZeRO-2 flat buckets            160.1         184.1          280.1        346
-    ZeRO-2 FSDP2, no reshard       128.1      (<= 448.3)        338.7        535
-    ZeRO-3 FSDP2                   128.1      (<= 448.3)        335.3        641
+    DDP                            320.2         352.2          352.7        336
+    ZeRO-2 flat buckets            160.1         184.1          280.4        369
+    ZeRO-2 FSDP2, no reshard       128.1         192.5          337.7        559
+    ZeRO-3 FSDP2                   128.1         176.4          335.8        649
 
 "after step": every live tensor's storage after optimizer.step() (DDP: the tracer, which
-also sees its 64 MiB of C++-held buckets). "peak (tracer)": memdoctor's dispatch tracer,
-exact for the flat buckets; it cannot see FSDP2 free its gathered weights (it resizes
-storages to 0 rather than dropping them), so FSDP2's values are upper bounds. "peak (RSS)":
+also sees its 64 MiB of C++-held buckets). "peak (tracer)": memdoctor's dispatch tracer
+(it follows FSDP2's storage resizes and counts a DTensor's local shard). "peak (RSS)":
 resident memory sampled every 0.5 ms with every large allocation its own mapping; it also
 counts gloo's internal buffers and the process's own growth. On GPT-2 shaped models
 (`--model gpt2-tiny`, bf16 autocast) the flat buckets stepped in 49 ms against FSDP2's 106.

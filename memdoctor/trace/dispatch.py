@@ -31,6 +31,15 @@ class DispatchSource(TorchDispatchMode):
         self._names: dict = {}
         self.broken = False
 
+    def __enter__(self):
+        out = super().__enter__()
+        _watch_resizes(self.recorder)
+        return out
+
+    def __exit__(self, *exc):
+        _unwatch_resizes(self.recorder)
+        return super().__exit__(*exc)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.broken:
@@ -69,3 +78,41 @@ class DispatchSource(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, Tensor):
                 self.recorder.add(t, name, _TEMP)
+
+
+# ---- storages resized in place ----------------------------------------------------------
+# `UntypedStorage.resize_` is a storage method, not an op: no dispatch mode sees it. FSDP2
+# frees gathered weights and gathers them again that way, so while a trace runs the method
+# is wrapped to tell the recorders (once for all nested traces; put back by the last one).
+_resize_listeners: list[Recorder] = []
+_original_resize = None
+
+
+def _traced_resize(storage, size):
+    for rec in list(_resize_listeners):
+        rec.resizing(storage, int(size))        # the simulated budget may raise the OOM here
+    out = _original_resize(storage, size)
+    for rec in list(_resize_listeners):
+        try:
+            rec.resized(storage)
+        except Exception as exc:                # memdoctor's failure must not break training
+            rec.frees_broken(exc)
+    return out
+
+
+def _watch_resizes(rec: Recorder) -> None:
+    global _original_resize
+    if not _resize_listeners:
+        _original_resize = torch.UntypedStorage.resize_
+        torch.UntypedStorage.resize_ = _traced_resize
+    _resize_listeners.append(rec)
+
+
+def _unwatch_resizes(rec: Recorder) -> None:
+    global _original_resize
+    if rec in _resize_listeners:
+        _resize_listeners.remove(rec)
+    if not _resize_listeners and _original_resize is not None:
+        if torch.UntypedStorage.__dict__.get("resize_") is _traced_resize:
+            del torch.UntypedStorage.resize_     # the C method of StorageBase shows through again
+        _original_resize = None

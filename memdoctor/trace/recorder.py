@@ -13,9 +13,15 @@ import time
 import weakref
 from typing import Any, Callable
 
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
 from ..run import OOM, Action, Block, Mark, Phase, Run, stronger
 
 log = logging.getLogger("memdoctor")
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)    # the types that hold their own storage
 
 
 class _StorageRef(weakref.ref):
@@ -30,6 +36,8 @@ class Recorder:
         self.run = run
         self.active = True
         self.live: dict[int, _StorageRef] = {}
+        # storages resized to 0 bytes: their last entry, kept so its weakref still fires
+        self._shrunk: dict[int, _StorageRef] = {}
         self._on_free_callback = self._on_free     # one bound method shared by every weakref
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -76,6 +84,8 @@ class Recorder:
     # ---- storages ------------------------------------------------------------------
     def add(self, tensor, name: str, category: str, phase: str | None = None) -> Block | None:
         """Count `tensor`'s storage if it is new; returns its Block either way."""
+        if type(tensor) not in _PLAIN and is_traceable_wrapper_subclass(tensor):
+            return self._add_inner(tensor, name, category, phase)
         try:                    # runs for every op's output: kept flat
             storage = tensor.untyped_storage()
         except Exception:
@@ -92,9 +102,22 @@ class Recorder:
             self.budget(nbytes, self.live_bytes)
         return self._alloc(storage, key, nbytes, tensor, name, category, phase)
 
+    def _add_inner(self, tensor, name: str, category: str, phase: str | None) -> Block | None:
+        """A wrapper subclass (DTensor, ...) holds no memory of its own (its storage reports
+        the global size): the tensors inside it do, a rank's local shard for a DTensor."""
+        try:
+            attrs, _ = tensor.__tensor_flatten__()
+        except Exception:
+            return None
+        first = None
+        for attr in attrs:
+            inner = getattr(tensor, attr, None)
+            if isinstance(inner, torch.Tensor):
+                block = self.add(inner, name, category, phase)
+                first = first or block
+        return first
+
     def _alloc(self, storage, key, nbytes, tensor, name, category, phase) -> Block:
-        run = self.run
-        seq = len(run.actions)
         dtype, device = tensor.dtype, tensor.device
         dname = self._dtype_names.get(dtype)
         if dname is None:
@@ -102,7 +125,12 @@ class Recorder:
         devname = self._device_names.get(device)
         if devname is None:
             devname = self._device_names[device] = str(device)
-        block = Block(self._next_id, nbytes, category, name, list(tensor.shape), dname,
+        return self._new_block(storage, key, nbytes, list(tensor.shape), dname, devname, name, category, phase)
+
+    def _new_block(self, storage, key, nbytes, shape, dname, devname, name, category, phase) -> Block:
+        run = self.run
+        seq = len(run.actions)
+        block = Block(self._next_id, nbytes, category, name, shape, dname,
                       devname, self.module, phase or self.phase, self.step, seq)
         self._next_id += 1
         run.blocks[block.id] = block
@@ -132,9 +160,42 @@ class Recorder:
             self.budget = None
             log.warning("memdoctor: recording frees stopped after an internal error: %r", exc)
 
+    def resizing(self, storage, nbytes: int) -> None:
+        """A storage is about to take `nbytes` in place: the simulated budget's say first."""
+        if self.budget is not None and self.active:
+            entry = self.live.get(storage._cdata)
+            grow = nbytes - (entry.block.nbytes if entry is not None else 0)
+            if grow > 0 and (entry is not None or storage._cdata in self._shrunk):
+                self.budget(grow, self.live_bytes)
+
+    def resized(self, storage) -> None:
+        """A counted storage changed size in place (FSDP2 frees its gathered weights with
+        `resize_(0)` and gathers them again into the same storage): the old size's block
+        ends there, the new size is a new block with the same owner and name."""
+        if not self.active:
+            return
+        key = storage._cdata
+        nbytes = storage.nbytes()
+        entry = self.live.get(key)
+        shrunk = self._shrunk.get(key)
+        if entry is None and shrunk is None:
+            return                      # a storage this trace never counted
+        if (entry.block.nbytes if entry is not None else 0) == nbytes:
+            return                      # no change
+        template = entry.block if entry is not None else shrunk.block
+        if entry is not None:
+            self.free(key)
+        if nbytes == 0:
+            self._shrunk[key] = entry
+            return
+        self._shrunk.pop(key, None)
+        self._new_block(storage, key, nbytes, template.shape, template.dtype, template.device,
+                        template.name, template.category, None)
+
     def free(self, key: int) -> None:
         if not self.active:
             return
+        self._shrunk.pop(key, None)
         entry = self.live.pop(key, None)
         if entry is None:
             return
