@@ -46,7 +46,11 @@ def _entry(rank: int, world: int, port: int, name: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     path = Path(out_dir)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+        try:
+            dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+        except BaseException:
+            (path / f"{name}-rank{rank}.init").write_text("")    # the rendezvous failed, not the work
+            raise
         result = WORKERS[name](torch.device("cpu"))
         torch.save(result, path / f"{name}-rank{rank}.pt")
     except BaseException:
@@ -58,7 +62,19 @@ def _entry(rank: int, world: int, port: int, name: str, out_dir: str) -> None:
 
 
 def spawn(name: str) -> list[dict]:
-    """Run WORKERS[name] on 2 spawned gloo ranks; their results, or a failure with the traceback."""
+    """Run WORKERS[name] on 2 spawned gloo ranks; their results, or a failure with the traceback.
+    A failed rendezvous (the free port taken by another process meanwhile) is tried once more."""
+    try:
+        return _spawn_once(name, retry_rendezvous=True)
+    except _RendezvousFailed:
+        return _spawn_once(name, retry_rendezvous=False)
+
+
+class _RendezvousFailed(Exception):
+    pass
+
+
+def _spawn_once(name: str, retry_rendezvous: bool) -> list[dict]:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as out:
         ctx = mp.start_processes(_entry, args=(WORLD, _free_port(), name, out), nprocs=WORLD,
@@ -72,6 +88,8 @@ def spawn(name: str) -> list[dict]:
                             p.kill()
                     pytest.fail(f"{name}: the ranks did not finish in {SPAWN_TIMEOUT_S} s")
         except Exception as exc:   # a rank raised: show its traceback
+            if retry_rendezvous and list(Path(out).glob("*.init")):
+                raise _RendezvousFailed() from exc
             errors = "\n".join(p.read_text() for p in sorted(Path(out).glob("*.err")))
             pytest.fail(f"{name} failed on a rank:\n{errors or exc}")
         return [torch.load(Path(out) / f"{name}-rank{r}.pt", weights_only=False) for r in range(WORLD)]

@@ -89,9 +89,12 @@ class Prepared:
         return self.precision.scaler
 
     def step(self, batch: Any, loss_fn: LossFn) -> float:
-        """zero_grad, forward/backward over micro-batches, optimizer step; the batch's mean loss.
+        """zero_grad, forward/backward over micro-batches, optimizer step, zero_grad again;
+        the batch's mean loss.
 
-        `loss_fn(model, micro_batch)` returns the mean loss of that micro-batch.
+        `loss_fn(model, micro_batch)` returns the mean loss of that micro-batch. The
+        gradients are freed after the step (as transformers' Trainer and Lightning do), so
+        an evaluation or data loading between steps does not hold a model's worth of them.
         """
         if self.undone:
             raise RuntimeError("this Prepared was undone; prepare the model again")
@@ -103,6 +106,8 @@ class Prepared:
         else:
             loss = accumulate_gradients(self.model, batch, loss_fn, self.plan.micro_batch, **run)
         self.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
         return loss
 
     def undo(self) -> None:
