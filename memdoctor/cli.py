@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--log", metavar="FILE", help="a log or pasted error text holding OOM messages")
     src.add_argument("--snapshot", metavar="FILE", help="a torch.cuda.memory._dump_snapshot() file (read safely)")
-    src.add_argument("--run", metavar="FILE", help="a saved *.memrun.json.gz run")
+    src.add_argument("--run", metavar="FILE", nargs="+",
+                     help="a saved *.memrun.json.gz run; several: one per rank, diagnosed together")
     p.add_argument("-o", "--output", metavar="RUN", help="also save the traced run here")
     p.add_argument("--report", metavar="HTML", help="also write an HTML report here")
     p.add_argument("--try", dest="try_fix", metavar="FIX",
@@ -130,7 +131,7 @@ def cmd_trace(ns) -> int:
     result = _traced(ns)
     run = result.run
     peak = at_peak(run)
-    out = ns.output or os.path.splitext(os.path.basename(ns.script))[0] + ".memrun.json.gz"
+    out = _run_path(run, ns.output or os.path.splitext(os.path.basename(ns.script))[0] + ".memrun.json.gz")
     run.save(out)
     if ns.json:
         print(dumps(trace_json(run, peak)))
@@ -139,6 +140,15 @@ def cmd_trace(ns) -> int:
         print_trace(run, peak)
         print(f"run saved to {out}")
     return _exit_for(result)
+
+
+def _run_path(run, path: str) -> str:
+    """Under torchrun each rank saves its own run: the rank goes into the file name."""
+    rank = run.meta.get("rank")
+    if isinstance(rank, int):
+        from .ranks import per_rank_path
+        return per_rank_path(path, rank)
+    return path
 
 
 def _traced(ns):
@@ -164,7 +174,7 @@ def _exit_for(result) -> int:
 def cmd_diagnose(ns) -> int:
     given = [x for x in (ns.script, ns.log, ns.snapshot, ns.run) if x]
     if len(given) != 1:
-        raise UsageError("give exactly one of: SCRIPT, --log FILE, --snapshot FILE, --run FILE")
+        raise UsageError("give exactly one of: SCRIPT, --log FILE, --snapshot FILE, --run FILE [FILE ...]")
     if getattr(ns, "try_fix", None) is not None:
         return _diagnose_try(ns)
     if ns.log:
@@ -176,7 +186,7 @@ def cmd_diagnose(ns) -> int:
         result = _traced(ns)
         run, code = result.run, _exit_for(result)
         if ns.output:
-            run.save(ns.output)
+            run.save(_run_path(run, ns.output))
     elif ns.snapshot:
         from .cuda.snapshot import SnapshotError, load_snapshot, snapshot_to_run
         try:
@@ -184,9 +194,11 @@ def cmd_diagnose(ns) -> int:
         except SnapshotError as exc:
             raise UsageError(str(exc)) from None
         code = EXIT_OOM if run.ooms else EXIT_OK
+    elif len(ns.run) > 1:
+        return _diagnose_ranks(ns)
     else:
         from .run import Run
-        run = Run.load(ns.run)
+        run = Run.load(ns.run[0])
         code = EXIT_OOM if run.ooms else EXIT_OK
     facts = facts_from_run(run)
     findings = diagnose(facts)
@@ -198,6 +210,43 @@ def cmd_diagnose(ns) -> int:
         from .report.text import print_diagnosis
         print_diagnosis(findings, facts)
     return code
+
+
+def _diagnose_ranks(ns) -> int:
+    """Several runs, one per rank: each diagnosed, the findings merged, the ranks named."""
+    from .ranks import first_oom, merge_findings, rank_of
+    from .report.json import JSON_VERSION, diagnosis_json, dumps, oom_dict
+    from .rules import diagnose, facts_from_run
+    from .run import Run
+    loaded = []
+    for index, path in enumerate(ns.run):
+        run = Run.load(path)
+        loaded.append((rank_of(run, index), run, path))
+    ranks = [r for r, _, _ in loaded]
+    if len(set(ranks)) != len(ranks):
+        raise UsageError(f"two runs say they are the same rank ({sorted(ranks)}); give one run per rank")
+    diagnosed = []
+    for rank, run, path in sorted(loaded, key=lambda x: x[0]):
+        facts = facts_from_run(run)
+        diagnosed.append((rank, run, path, facts, diagnose(facts)))
+    merged = merge_findings([(r, findings) for r, _, _, _, findings in diagnosed])
+    first = first_oom([(r, run) for r, run, _, _, _ in diagnosed])
+    if ns.report:
+        rank, run, _, facts, findings = next(d for d in diagnosed if first is None or d[0] == first[0])
+        _write_report(run, findings, facts, ns.report)
+    if ns.json:
+        print(dumps({
+            "version": JSON_VERSION, "ranks": [r for r, *_ in diagnosed],
+            "oom": first is not None, "first_oom_rank": first[0] if first else None,
+            "first_oom": oom_dict(first[1]) if first else None,
+            "findings": [m.to_dict() for m in merged],
+            "per_rank": [{"rank": r, "run": path, **diagnosis_json(findings, facts, run)}
+                         for r, run, path, facts, findings in diagnosed],
+        }))
+    else:
+        from .report.text import ranks_lines
+        print("\n".join(ranks_lines(diagnosed, merged, first)))
+    return EXIT_OOM if first is not None else EXIT_OK
 
 
 def _diagnose_try(ns) -> int:

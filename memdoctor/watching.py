@@ -57,10 +57,16 @@ class watch:
         from .rules import diagnose, facts_from_run
         self.facts = facts_from_run(self.run)
         self.findings = diagnose(self.facts)
-        self.diagnosis = "memdoctor: " + "\n".join(diagnosis_lines(self.findings, self.facts))
+        rank = self.run.meta.get("rank")
+        who = f"memdoctor (rank {rank} of {self.run.meta.get('world_size')}): " if isinstance(rank, int) else "memdoctor: "
+        self.diagnosis = who + "\n".join(diagnosis_lines(self.findings, self.facts))
 
     def _write_report(self) -> None:
         path = str(self.report)
+        rank = self.run.meta.get("rank")
+        if isinstance(rank, int):       # one of several ranks: each writes its own file
+            from .ranks import per_rank_path
+            path = per_rank_path(path, rank)
         if path.endswith(".html"):
             from .report.html import write_report
             write_report(path, self.run, findings=self.findings, facts=self.facts)

@@ -102,3 +102,36 @@ def print_diagnosis(findings, facts, console: Console | None = None) -> None:
         where = "at the OOM" if facts.oom else "at the peak"
         console.print(breakdown_table(focus, f"memory {where} ({focus.phase}, step {focus.step})"))
         console.print(top_table(focus))
+
+
+def ranks_lines(diagnosed, merged, first) -> list[str]:
+    """A multi-rank diagnosis: who ran out first, then each cause with the ranks it was
+    found on and its evidence and fixes from the rank where it weighs most.
+    `diagnosed`: (rank, run, path, facts, findings) per rank."""
+    facts_of = {rank: facts for rank, _, _, facts, _ in diagnosed}
+    lines = [f"{len(diagnosed)} ranks: " + ", ".join(
+        f"rank {rank} {'out of memory' if facts.oom else 'ran'} (peak {format_bytes(facts.peak_bytes)})"
+        for rank, _, _, facts, _ in diagnosed)]
+    if first is not None:
+        rank, oom = first
+        lines.append(f"rank {rank} ran out of memory first: {oom.phase} of step {oom.step}, tried to allocate "
+                     f"{format_bytes(oom.requested_bytes)}")
+    if not merged:
+        lines.append("no rule names a cause on any rank")
+        return lines
+    for i, m in enumerate(merged):
+        f = m.finding
+        on = ("all ranks" if len(m.ranks) == len(diagnosed) else
+              ("rank " if len(m.ranks) == 1 else "ranks ") + ", ".join(map(str, m.ranks)))
+        lines.append(f"{'' if i == 0 else 'also: '}{f.rule} on {on}: {f.title}"
+                     + (f" (evidence from rank {m.worst_rank})" if len(m.ranks) > 1 else ""))
+        if i == 0:
+            facts = facts_of[m.worst_rank]
+            lines += [f"  - {e}" for e in f.evidence]
+            if f.remedies:
+                lines.append("  fixes (predicted peak):")
+                for r in f.remedies:
+                    fits = "" if facts.limit_bytes is None or r.predicted_peak_bytes is None else (
+                        " fits" if r.predicted_peak_bytes <= facts.limit_bytes else " does not fit")
+                    lines.append(f"    * {r.title}: {r.how} -> {format_bytes(r.predicted_peak_bytes)}{fits}")
+    return lines

@@ -14,6 +14,7 @@ import torch
 from ..run import Phase, Run
 from ..units import parse_size
 from .budget import SimulatedBudget
+from ..ranks import rank_info
 from .dispatch import DispatchSource
 from .hooks import OwnershipHooks
 from .recorder import Recorder
@@ -49,6 +50,9 @@ class Tracer:
     def __enter__(self) -> "Tracer":
         run = Run(source=self.source, budget_bytes=self.budget, torch_version=torch.__version__)
         run.device = device_facts(self.source)
+        ranked = rank_info()
+        if ranked is not None:
+            run.meta["rank"], run.meta["world_size"] = ranked
         self.recorder = rec = Recorder(run)
         self.hooks = OwnershipHooks(rec)
         self.hooks.install()
