@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_session.sh 2    # GPT-2 1.5B plans (planner's model | transformers') ; ZeRO on 2 GPUs
 #   bash benchmarks/gpu_session.sh 3    # after the fixes pass 1 and 2 called for (see the part itself)
 #   bash benchmarks/gpu_session.sh 4    # after the fixes pass 3 called for
+#   bash benchmarks/gpu_session.sh 5    # what changed after pass 5 (CPU-tested only): the next GPU pass
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -84,5 +85,20 @@ elif [ "$part" = 4 ]; then
     ( /usr/bin/time -f "%e s wall" python -m memdoctor plan --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
         --json > "$OUT/plan_speed_b8_32GiB.json" ) 2> "$OUT/plan_speed.log"
     wait
+elif [ "$part" = 5 ]; then
+    # what changed since pass 4 and was only tested on the CPU: chunked cross-entropy as an
+    # autograd Function (s06 under budget.cuda), the tracer's resize/DTensor changes, gradients
+    # freed after Prepared.step; then the whole GPU suite and ZeRO again
+    (
+        lane 0 remedy_memory_gpu python benchmarks/remedy_memory_gpu.py --only s06_language_model_head.py
+        lane 0 chunked_ce_probe python benchmarks/chunked_ce_cuda_probe.py
+        lane 0 gpu_tests python -m pytest -q -s -m gpu -p no:cacheprovider tests --ignore tests/gpu/test_zero_gpu.py \
+            --deselect "tests/gpu/test_scenarios_gpu.py::test_diagnose_names_the_cause_first[s10]"
+        lane 0 s10 python -m pytest -q -s -p no:cacheprovider "tests/gpu/test_scenarios_gpu.py::test_diagnose_names_the_cause_first[s10]"
+    ) &
+    lane 1 estimate_accuracy python benchmarks/estimate_accuracy.py --time-budget 480 &
+    wait
+    lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
+    lane 0,1 zero_memory torchrun --nproc-per-node 2 --standalone benchmarks/zero_memory.py --out "$OUT"
 fi
 tail -n 3 "$OUT"/*.log
