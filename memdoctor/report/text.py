@@ -72,19 +72,24 @@ def headline(findings, facts) -> str:
     return f"{top.rule}: {top.title}"
 
 
+def finding_body_lines(finding, facts) -> list[str]:
+    """A finding's evidence and its fixes with their predicted peaks, against the limit."""
+    lines = [f"  - {e}" for e in finding.evidence]
+    if finding.remedies:
+        lines.append("  fixes (predicted peak):")
+        for r in finding.remedies:
+            fits = "" if facts.limit_bytes is None or r.predicted_peak_bytes is None else (
+                " fits" if r.predicted_peak_bytes <= facts.limit_bytes else " does not fit")
+            lines.append(f"    * {r.title}: {r.how} -> {format_bytes(r.predicted_peak_bytes)}{fits}")
+    return lines
+
+
 def diagnosis_lines(findings, facts) -> list[str]:
     """The diagnosis as plain lines: headline, evidence, remedies, other findings."""
     lines = [headline(findings, facts)]
     if not findings:
         return lines
-    top = findings[0]
-    lines += [f"  - {e}" for e in top.evidence]
-    if top.remedies:
-        lines.append("  fixes (predicted peak):")
-        for r in top.remedies:
-            fits = "" if facts.limit_bytes is None or r.predicted_peak_bytes is None else (
-                " fits" if r.predicted_peak_bytes <= facts.limit_bytes else " does not fit")
-            lines.append(f"    * {r.title}: {r.how} -> {format_bytes(r.predicted_peak_bytes)}{fits}")
+    lines += finding_body_lines(findings[0], facts)
     for other in findings[1:]:
         lines.append(f"also: {other.rule}: {other.title}")
     return lines
@@ -126,12 +131,5 @@ def ranks_lines(diagnosed, merged, first) -> list[str]:
         lines.append(f"{'' if i == 0 else 'also: '}{f.rule} on {on}: {f.title}"
                      + (f" (evidence from rank {m.worst_rank})" if len(m.ranks) > 1 else ""))
         if i == 0:
-            facts = facts_of[m.worst_rank]
-            lines += [f"  - {e}" for e in f.evidence]
-            if f.remedies:
-                lines.append("  fixes (predicted peak):")
-                for r in f.remedies:
-                    fits = "" if facts.limit_bytes is None or r.predicted_peak_bytes is None else (
-                        " fits" if r.predicted_peak_bytes <= facts.limit_bytes else " does not fit")
-                    lines.append(f"    * {r.title}: {r.how} -> {format_bytes(r.predicted_peak_bytes)}{fits}")
+            lines += finding_body_lines(f, facts_of[m.worst_rank])
     return lines
