@@ -22,6 +22,7 @@ log = logging.getLogger("memdoctor")
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)    # the types that hold their own storage
+_WRAPPERS: dict[type, bool] = {}                # tensor subclass -> holds its memory in inner tensors
 
 
 class _StorageRef(weakref.ref):
@@ -84,8 +85,13 @@ class Recorder:
     # ---- storages ------------------------------------------------------------------
     def add(self, tensor, name: str, category: str, phase: str | None = None) -> Block | None:
         """Count `tensor`'s storage if it is new; returns its Block either way."""
-        if type(tensor) not in _PLAIN and is_traceable_wrapper_subclass(tensor):
-            return self._add_inner(tensor, name, category, phase)
+        kind = type(tensor)
+        if kind not in _PLAIN:
+            wrapper = _WRAPPERS.get(kind)
+            if wrapper is None:
+                wrapper = _WRAPPERS[kind] = is_traceable_wrapper_subclass(tensor)
+            if wrapper:
+                return self._add_inner(tensor, name, category, phase)
         try:                    # runs for every op's output: kept flat
             storage = tensor.untyped_storage()
         except Exception:
