@@ -124,6 +124,11 @@ def _check_script(path: str) -> None:
         raise UsageError(f"cannot read script: {path}")
 
 
+def _path_for(run, path: str) -> str:
+    from .ranks import path_for
+    return path_for(run, path)
+
+
 def cmd_trace(ns) -> int:
     _check_script(ns.script)
     from .attribution import at_peak
@@ -131,7 +136,7 @@ def cmd_trace(ns) -> int:
     result = _traced(ns)
     run = result.run
     peak = at_peak(run)
-    out = _run_path(run, ns.output or os.path.splitext(os.path.basename(ns.script))[0] + ".memrun.json.gz")
+    out = _path_for(run, ns.output or os.path.splitext(os.path.basename(ns.script))[0] + ".memrun.json.gz")
     run.save(out)
     if ns.json:
         print(dumps(trace_json(run, peak)))
@@ -140,15 +145,6 @@ def cmd_trace(ns) -> int:
         print_trace(run, peak)
         print(f"run saved to {out}")
     return _exit_for(result)
-
-
-def _run_path(run, path: str) -> str:
-    """Under torchrun each rank saves its own run: the rank goes into the file name."""
-    rank = run.meta.get("rank")
-    if isinstance(rank, int):
-        from .ranks import per_rank_path
-        return per_rank_path(path, rank)
-    return path
 
 
 def _traced(ns):
@@ -186,7 +182,7 @@ def cmd_diagnose(ns) -> int:
         result = _traced(ns)
         run, code = result.run, _exit_for(result)
         if ns.output:
-            run.save(_run_path(run, ns.output))
+            run.save(_path_for(run, ns.output))
     elif ns.snapshot:
         from .cuda.snapshot import SnapshotError, load_snapshot, snapshot_to_run
         try:

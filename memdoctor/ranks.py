@@ -41,6 +41,14 @@ def per_rank_path(path: str, rank: int) -> str:
     return f"{stem}.rank{rank}{ext}"
 
 
+def path_for(run, path: str) -> str:
+    """Where `run`'s file goes: `path`, with the rank in it when the run is one of several."""
+    rank = run.meta.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        return per_rank_path(path, rank)
+    return path
+
+
 def rank_of(run, default: int) -> int:
     value = run.meta.get("rank")
     return value if isinstance(value, int) and not isinstance(value, bool) else default

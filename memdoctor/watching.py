@@ -62,11 +62,8 @@ class watch:
         self.diagnosis = who + "\n".join(diagnosis_lines(self.findings, self.facts))
 
     def _write_report(self) -> None:
-        path = str(self.report)
-        rank = self.run.meta.get("rank")
-        if isinstance(rank, int):       # one of several ranks: each writes its own file
-            from .ranks import per_rank_path
-            path = per_rank_path(path, rank)
+        from .ranks import path_for
+        path = path_for(self.run, str(self.report))   # one of several ranks: each writes its own file
         if path.endswith(".html"):
             from .report.html import write_report
             write_report(path, self.run, findings=self.findings, facts=self.facts)
