@@ -96,7 +96,11 @@ elif [ "$part" = 5 ]; then
             --deselect "tests/gpu/test_scenarios_gpu.py::test_diagnose_names_the_cause_first[s10]"
         lane 0 s10 python -m pytest -q -s -p no:cacheprovider "tests/gpu/test_scenarios_gpu.py::test_diagnose_names_the_cause_first[s10]"
     ) &
-    lane 1 estimate_accuracy python benchmarks/estimate_accuracy.py --time-budget 480 &
+    # what the estimate misses, op by op, where pass 1 under-estimated (kernel workspaces,
+    # one small segment) or over-estimated the reserved peak
+    lane 1 allocator_traces python benchmarks/allocator_trace_capture.py --out "$OUT/traces" \
+        resnet50/fp32/b64 resnet50/bf16/b64 resnet50/fp32/b256 vit-b16/fp32/b64 vit-b16/bf16/b64 \
+        vit-b16/ckpt/b64 gpt2-355m/fp32/b8 bert-base/ckpt/b32 llama-1b/fp32/b2 gpt2-1.5b/ckpt/b4 &
     wait
     lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
     lane 0,1 zero_memory torchrun --nproc-per-node 2 --standalone benchmarks/zero_memory.py --out "$OUT"

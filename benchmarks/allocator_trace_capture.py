@@ -1,0 +1,150 @@
+"""Capture, for a few estimate_accuracy configurations, what the real CUDA allocator did and
+what the estimate predicted, op by op: the material for finding what the estimate misses
+(kernel workspaces, extra small segments). Needs a GPU.
+
+For each configuration it writes `<id>.json` (slashes as underscores) with
+- `real_ops`: every aten op of the measured training step (forward, backward, optimizer), its
+  argument shapes and dtypes and the range of allocator allocations it made;
+- `real_trace`: the allocator's trace (`torch.cuda.memory._record_memory_history`): alloc, free,
+  segment_alloc, segment_free with sizes, in order;
+- `predicted`: the estimate's events (alloc/free, bytes, block name, category, phase).
+
+    python benchmarks/allocator_trace_capture.py --out DIR resnet50/fp32/b64 vit-b16/bf16/b64
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+
+MODES = {"fp32": None, "bf16": "bf16", "ckpt": "ckpt=full"}
+
+
+def parse_id(cid: str) -> dict:
+    model, mode, b = cid.split("/")
+    seq = {"resnet50": None, "vit-b16": None, "bert-base": 512, "bert-large": 512,
+           "llama-1b": 2048}.get(model, 1024)
+    return {"id": cid, "model": model, "mode": mode, "plan": MODES[mode], "batch": int(b[1:]), "seq": seq}
+
+
+def _describe(args) -> list:
+    out = []
+    for a in tree_leaves(args):
+        if isinstance(a, torch.Tensor):
+            out.append([list(a.shape), str(a.dtype).replace("torch.", "")])
+    return out
+
+
+class OpLog(TorchDispatchMode):
+    """Each op's name, arguments and the allocator's allocation count before and after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        n0 = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+        out = func(*args, **(kwargs or {}))
+        n1 = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+        backward = torch._C._current_graph_task_id() != -1
+        self.ops.append({"op": str(func), "args": _describe((args, kwargs)), "out": _describe(out),
+                         "allocs": [n0, n1], "backward": backward})
+        return out
+
+
+def measure(job: dict) -> dict:
+    from memdoctor.estimate import train_step
+    from memdoctor.estimate_models import get
+    from memdoctor.remedies import prepare
+    gc.collect()
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    build = get(job["model"]).builder(batch=job["batch"], seq=job["seq"])
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                             max_entries=3_000_000)
+    base = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+    with torch.device("cuda"):
+        model, optimizer, batch, loss_fn = build()
+    prepared = None
+    if job["plan"]:
+        prepared = prepare(model, optimizer, job["plan"], device_type="cuda")
+        optimizer = prepared.optimizer
+    log = OpLog()
+    with log:
+        for _ in range(2):
+            train_step(model, optimizer, batch, loss_fn, prepared)
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    trace = [{"action": e["action"], "addr": e["addr"], "size": e["size"], "stream": e.get("stream", 0)}
+             for e in snap["device_traces"][0]]
+    result = {"base_alloc_count": base, "real_ops": log.ops, "real_trace": trace,
+              "max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+              "stats": {k: v for k, v in torch.cuda.memory_stats().items()
+                        if k.startswith(("segment.", "allocation.", "num_"))}}
+    del model, optimizer, batch, prepared, log
+    return result
+
+
+def predict(job: dict) -> dict:
+    from memdoctor.estimate import estimate
+    from memdoctor.estimate_models import get, make_optimizer
+    spec = get(job["model"])
+    est = estimate(lambda: spec.build_model(job["seq"]), lambda m: make_optimizer("adamw", m),
+                   lambda: spec.make_batch(job["batch"], job["seq"]), spec.loss_fn,
+                   plan=job["plan"], device="cuda")
+    run = est.run
+    events = []
+    for action, bid, nbytes in zip(run.actions, run.event_blocks, run.event_bytes):
+        b = run.blocks[bid]
+        events.append([int(action), bid, nbytes, b.name, b.category, b.phase, b.device])
+    return {"peak_allocated": est.peak_allocated_bytes, "peak_reserved": est.peak_reserved_bytes,
+            "allocator": est.allocator, "events": events}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ids", nargs="+")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for cid in args.ids:
+        job = parse_id(cid)
+        t0 = time.perf_counter()
+        rec = {"job": job, "torch": torch.__version__,
+               "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
+        for name, fn in (("measured", measure), ("predicted", predict)):
+            try:
+                rec[name] = fn(job)
+            except Exception as exc:
+                rec[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-3000:]}
+            gc.collect()
+            torch.cuda.empty_cache()
+        (out / (cid.replace("/", "_") + ".json")).write_text(json.dumps(rec))
+        m = rec["measured"]
+        p = rec["predicted"]
+        print(f"{cid}: measured {m.get('max_allocated')} / {m.get('max_reserved')}, predicted "
+              f"{p.get('peak_allocated')} / {p.get('peak_reserved')}, {time.perf_counter() - t0:.1f} s",
+              m.get("error", ""), p.get("error", ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
