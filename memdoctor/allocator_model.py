@@ -12,7 +12,8 @@ What it mirrors (the native allocator, one device, one stream, no expandable seg
   2 MiB (kRoundLarge) from 10 MiB on (`get_allocation_size`);
 - a request takes the best-fitting free block of its pool: the smallest that is large
   enough, the lowest address among equals (`get_free_block`, a lower_bound on
-  (size, address));
+  (size, address)); new segments get lower addresses than the ones before them, as the
+  CUDA driver hands them out, so equal blocks tie as they do on a GPU;
 - the block is split when what remains is worth keeping: >= 512 bytes in the small pool,
   > 1 MiB in the large pool (`should_split`); otherwise the whole block is handed out and
   counts as allocated, which is why `max_memory_allocated()` can exceed the bytes asked for;
@@ -178,7 +179,7 @@ class CachingAllocatorModel:
         self.small_pool = _Pool(True)
         self.large_pool = _Pool(False)
         self.segments: dict[int, int] = {}      # segment address -> size
-        self._next_addr = 1 << 32
+        self._next_addr = 1 << 48       # segments go downwards from here (see _new_segment)
         self.allocated = 0
         self.reserved = 0
         self.requested = 0
@@ -295,8 +296,11 @@ class CachingAllocatorModel:
         return self.capacity is None or self.reserved + seg <= self.capacity
 
     def _new_segment(self, pool: _Pool, seg: int) -> Block:
+        # The driver hands out each new segment below the ones before it (measured on the
+        # H200: replaying real allocator traces, ties between equal free blocks then break as
+        # they did on the GPU; benchmarks/results/gpu/h200x2_pass6/allocator_replay.md).
+        self._next_addr -= seg + K_ROUND_LARGE      # and a gap: segments are never adjacent
         addr = self._next_addr
-        self._next_addr += seg + K_ROUND_LARGE      # a gap: segments are never adjacent
         self.segments[addr] = seg
         self.reserved += seg
         self.num_segment_allocs += 1

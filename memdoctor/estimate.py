@@ -47,6 +47,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .allocator_model import AllocatorConfig, CachingAllocatorModel, ModelOOM, MiB
+from .cuda.kernel_scratch import Gpu, scratch_for
 from .attribution import breakdown_at, live_blocks
 from .remedies.plan import Plan
 from .run import Action, Block, CATEGORIES, Category, Run
@@ -332,17 +333,22 @@ def _is_cuda(value) -> bool:
     return False
 
 
-class _BlasWatch(TorchDispatchMode):
-    """Note where the first cuBLAS (and cuBLASLt) call of each thread happens: the event
-    index just after the op's outputs were allocated."""
+class _KernelWatch(TorchDispatchMode):
+    """Note where the first cuBLAS (and cuBLASLt) call of each thread happens (the event
+    index just after the op's outputs were allocated), and, with a `gpu`, the scratch
+    memory each op's CUDA kernel would take (memdoctor.cuda.kernel_scratch) with the event
+    indices before and after the op."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, gpu=None):
         super().__init__()
         self.run = run
+        self.gpu = gpu
         self.blas: dict[str, int] = {}
         self.lt: dict[str, int] = {}
+        self.scratch: list[tuple[int, int, list]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = len(self.run.actions)
         out = func(*args, **(kwargs or {}))
         packet = func.overloadpacket
         if packet in BLAS_OPS:
@@ -351,6 +357,10 @@ class _BlasWatch(TorchDispatchMode):
                 self.blas[thread] = len(self.run.actions)
             if thread not in self.lt and (packet in LT_OPS or (packet in _ADDMM and _bias_1d(args, kwargs))):
                 self.lt[thread] = len(self.run.actions)
+        if self.gpu is not None:
+            scratch = scratch_for(func, args, kwargs, self.gpu)
+            if scratch:
+                self.scratch.append((before, len(self.run.actions), scratch))
         return out
 
 
@@ -477,7 +487,7 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     try:
         with fake_mode, redirect:
             with tracer:
-                watch = _BlasWatch(tracer.recorder.run)
+                watch = _KernelWatch(tracer.recorder.run, Gpu.local() if target == "cuda" else None)
                 with watch:
                     with torch.device(sim):
                         built = _call_build(build, fake_mode, sim)
@@ -510,14 +520,24 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
                      "chooses on CUDA")
     workspaces = 0
     if target == "cuda":
-        workspaces = _insert_workspaces(run, watch, sm90, sim)
+        ws_events = _workspace_events(watch, sm90)
+        scratch = _scratch_events(watch)
+        _insert_events(run, ws_events + scratch, sim)
+        workspaces = sum(e[3] for e in ws_events)
+        sizes = [e[3] for e in scratch if e[1] == "alloc"]
+        if sizes:
+            notes.append(f"kernel scratch: {len(sizes)} allocations CUDA kernels make and free inside one call "
+                         f"(reduction staging buffers, attention backward workspaces; the largest "
+                         f"{_fmt(max(sizes))}), sized for a GPU of {watch.gpu.sm_count} SMs")
         notes.append(f"cuBLAS workspaces: {_fmt(cublas_workspace_bytes(sm90))} per thread that runs a matmul "
                      f"(forward and autograd's backward thread), {_fmt(cublaslt_workspace_bytes())} cuBLASLt "
                      f"workspace per thread that runs an addmm with bias; {_fmt(workspaces)} in all, "
                      "counted as 'other' and never freed")
         if any(b.name.startswith("aten.convolution") or b.name.startswith("aten.cudnn") for b in run.blocks.values()):
             notes.append("convolutions: cuDNN allocates its workspace inside each call and frees it "
-                         "before returning; that transient memory is not in the estimate")
+                         "before returning; its size is cuDNN's choice per shape, GPU and version, and is "
+                         "not in the estimate (the reserved peak of a convolutional network can be a few "
+                         "percent higher)")
     conf = AllocatorConfig.parse(allocator_conf if allocator_conf is not None
                                  else os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     if conf.ignored:
@@ -604,31 +624,52 @@ def _fmt(n: int) -> str:
 
 
 # ----------------------------------------------------------------------- replay
-def _insert_workspaces(run: Run, watch: _BlasWatch, sm90: bool, device_type: str) -> int:
-    """Add the cuBLAS / cuBLASLt workspace allocations to the Run at the first matmul of
-    each thread, as allocations that are never freed; returns their total bytes."""
-    inserts: list[tuple[int, int, str]] = []
+def _workspace_events(watch: _KernelWatch, sm90: bool) -> list[tuple]:
+    """The cuBLAS / cuBLASLt workspace allocations, at the first matmul of each thread,
+    never freed (events for _insert_events)."""
+    events: list[tuple] = []
     for thread, pos in watch.blas.items():
-        inserts.append((pos, cublas_workspace_bytes(sm90), f"cuBLAS workspace ({thread} thread)"))
+        events.append((pos, "alloc", None, cublas_workspace_bytes(sm90), f"cuBLAS workspace ({thread} thread)",
+                       Category.OTHER.value))
     for thread, pos in watch.lt.items():
-        inserts.append((pos, cublaslt_workspace_bytes(), f"cuBLASLt workspace ({thread} thread)"))
-    _insert_blocks(run, inserts, device_type)
-    return sum(n for _, n, _ in inserts)
+        events.append((pos, "alloc", None, cublaslt_workspace_bytes(), f"cuBLASLt workspace ({thread} thread)",
+                       Category.OTHER.value))
+    return events
 
 
-def _insert_blocks(run: Run, inserts: list[tuple[int, int, str]], device_type: str) -> None:
-    """Insert never-freed allocations (position before event `pos`, bytes, name) into the
-    Run, category 'other', shifting every later event index."""
-    if not inserts:
+def _scratch_events(watch: _KernelWatch) -> list[tuple]:
+    """Each op's kernel scratch: allocated before or after its outputs and freed, last
+    first, once the op is done (events for _insert_events)."""
+    events: list[tuple] = []
+    count = 0
+    for before, after, scratch in watch.scratch:
+        keys = []
+        for s in scratch:
+            key = ("scratch", count)
+            count += 1
+            keys.append(key)
+            events.append((before if s.before_outputs else after, "alloc", key, s.nbytes, s.label,
+                           Category.TEMPORARIES.value))
+        for key in reversed(keys):
+            events.append((after, "free", key, 0, "", ""))
+    return events
+
+
+def _insert_events(run: Run, events: list[tuple], device_type: str) -> None:
+    """Insert allocations and frees into the Run, shifting every later event index. Each
+    event is (position before event `pos`, "alloc" or "free", key, bytes, name, category);
+    a free names the key of an inserted allocation; an allocation with key None is never
+    freed. Events at one position keep their order."""
+    if not events:
         return
     device = "cuda:0" if device_type == "cuda" else device_type
     for b in run.blocks.values():
         if b.device.startswith(device_type):
             device = b.device
             break
-    inserts = sorted(inserts, key=lambda x: x[0])
+    events = sorted(events, key=lambda e: e[0])         # stable: same-position order kept
     next_id = max(run.blocks, default=-1) + 1
-    positions = [p for p, _, _ in inserts]
+    positions = [e[0] for e in events]
     import bisect
 
     def shift(seq: int) -> int:
@@ -637,16 +678,26 @@ def _insert_blocks(run: Run, inserts: list[tuple[int, int, str]], device_type: s
     actions, blocks_col, bytes_col = [], [], []
     j = 0
     new_blocks = []
+    ids: dict = {}
     for seq in range(len(run.actions) + 1):
-        while j < len(inserts) and inserts[j][0] == seq:
-            _, nbytes, name = inserts[j]
-            blk = Block(next_id, nbytes, Category.OTHER.value, name, [nbytes], "uint8", device, None,
-                        "other", 0, len(actions))
-            new_blocks.append(blk)
-            actions.append(Action.ALLOC)
-            blocks_col.append(next_id)
-            bytes_col.append(nbytes)
-            next_id += 1
+        while j < len(events) and events[j][0] == seq:
+            _, kind, key, nbytes, name, category = events[j]
+            if kind == "alloc":
+                blk = Block(next_id, nbytes, category, name, [nbytes], "uint8", device, None,
+                            "other", 0, len(actions))
+                new_blocks.append(blk)
+                if key is not None:
+                    ids[key] = blk
+                actions.append(Action.ALLOC)
+                blocks_col.append(next_id)
+                bytes_col.append(nbytes)
+                next_id += 1
+            else:
+                blk = ids.pop(key)
+                blk.free_seq = len(actions)
+                actions.append(Action.FREE)
+                blocks_col.append(blk.id)
+                bytes_col.append(blk.nbytes)
             j += 1
         if seq < len(run.actions):
             actions.append(run.actions[seq])
@@ -803,10 +854,10 @@ def _distributed(run: Run, counted: set[int], world_size: int, zero: int | None,
         chunks, left, first = [], grad_bytes, True
         while left > 0:
             size = min(left, DDP_FIRST_BUCKET_BYTES if first else DDP_BUCKET_BYTES)
-            chunks.append((start, size, "DDP gradient bucket"))
+            chunks.append((start, "alloc", None, size, "DDP gradient bucket", Category.OTHER.value))
             left -= size
             first = False
-        _insert_blocks(run, chunks, device_type)
+        _insert_events(run, chunks, device_type)
         counted.update(b.id for b in run.blocks.values() if b.name == "DDP gradient bucket")
         return None, (f"world size {n} (DDP): {_fmt(grad_bytes)} of gradient buckets added (one more copy of the "
                       "gradients, in 25 MiB buckets, as DistributedDataParallel's default "

@@ -1,0 +1,159 @@
+"""Scratch memory that CUDA kernels take from the caching allocator inside one call and give
+back before returning.
+
+A fake-tensor run never sees it (fake kernels only make outputs), yet on a GPU it counts in
+`max_memory_allocated()` when it lands on the peak, and it shapes how the allocator's
+segments fill. `scratch_for(func, args, kwargs, gpu)` says what one aten op takes, in the
+order the kernel allocates it. Sizes follow the kernels' launch code (PyTorch 2.11) and
+match, byte for byte, the allocator traces recorded on an H200 in
+benchmarks/results/gpu/h200x2_pass6 (`benchmarks/allocator_trace_capture.py`):
+
+- reductions (sum, mean over some dims): the global staging buffer and semaphores of
+  Reduce.cuh, when the reduction is split across blocks (memdoctor.cuda.reduce_scratch);
+- memory-efficient attention backward: a contiguous copy of the output gradient (when it
+  is not already laid out as the kernel reads it), `delta` and a transient of the same
+  size (fp32, one value per query), and the split-key workspace for grad_q (a lock header
+  and a 64 x 64 fp32 tile per 64 queries, per batch and head);
+- cuDNN attention: 256 bytes in forward; in backward an fp32 grad_q accumulator plus one
+  fp32 value per query, and 256 bytes, per batch and head.
+
+Not modelled: cuDNN convolution workspaces (chosen by cuDNN's heuristics per shape, GPU and
+cuDNN version: no rule reproduces them), embedding backward's sort buffers (their size
+depends on how many distinct indices the batch holds, which a fake batch does not have),
+flash-attention backward's accumulators (not measured).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .reduce_scratch import reduction_scratch_bytes
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What the launch code reads from the device properties."""
+    sm_count: int = 132                 # H100 SXM / H200
+    max_threads_per_sm: int = 2048
+
+    @classmethod
+    def local(cls) -> "Gpu":
+        """This machine's GPU when there is one, else an H100/H200."""
+        try:
+            if torch.cuda.is_available():
+                p = torch.cuda.get_device_properties(torch.cuda.current_device())
+                return cls(p.multi_processor_count, p.max_threads_per_multi_processor)
+        except Exception:
+            pass
+        return cls()
+
+
+@dataclass(frozen=True)
+class Scratch:
+    nbytes: int
+    label: str
+    before_outputs: bool = False    # allocated before the op's outputs (else after them)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _acc_bytes(dtype: torch.dtype) -> int:
+    return 8 if dtype in (torch.float64, torch.int64, torch.complex64) else 4
+
+
+def _reduction(args, kwargs, gpu: Gpu, full: bool, vec: int | None) -> list[Scratch]:
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.numel() == 0 or not x.is_contiguous():
+        return []
+    if not x.is_floating_point():
+        return []
+    if full:
+        dims = list(range(x.dim()))
+    else:
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = list(range(x.dim()))
+        elif isinstance(dims, int):
+            dims = [dims]
+        dims = [d % max(x.dim(), 1) for d in dims]
+    sizes = reduction_scratch_bytes(list(x.shape), dims, x.element_size(), acc_bytes=_acc_bytes(x.dtype),
+                                    sm_count=gpu.sm_count, max_threads_per_sm=gpu.max_threads_per_sm,
+                                    input_vec_size=vec)
+    labels = ("reduction staging buffer", "reduction semaphores")
+    return [Scratch(n, labels[min(i, 1)]) for i, n in enumerate(sizes) if n > 0]
+
+
+def _contiguous_as_bmhk(t: torch.Tensor) -> bool:
+    """Whether a [B, H, M, K] tensor is laid out as a contiguous [B, M, H, K] (what
+    `t.transpose(1, 2).is_contiguous()` says, without running an op)."""
+    b, h, m, k = t.shape
+    sb, sh, sm, sk = t.stride()
+    expected = {"k": 1, "h": k, "m": h * k, "b": m * h * k}
+    return all(size == 1 or stride == expected[name]
+               for name, size, stride in (("b", b, sb), ("m", m, sm), ("h", h, sh), ("k", k, sk)))
+
+
+def _efficient_attention_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    grad_out, query = args[0], args[1]
+    if not (isinstance(grad_out, torch.Tensor) and isinstance(query, torch.Tensor)) or query.dim() != 4:
+        return []
+    b, h, m, k = query.shape
+    out = []
+    if not _contiguous_as_bmhk(grad_out):
+        out.append(Scratch(grad_out.numel() * grad_out.element_size(), "attention: contiguous output gradient",
+                           before_outputs=True))
+    per_query = b * h * m * 4
+    out.append(Scratch(per_query, "attention backward: delta"))
+    out.append(Scratch(per_query, "attention backward: per-query temporary"))
+    kmax = 64 if k <= 64 else _ceil_div(k, 64) * 64
+    tile = 64 * kmax
+    out.append(Scratch(b * h * _ceil_div(m, 64) * (4 + tile) * 4, "attention backward: grad_q workspace"))
+    return out
+
+
+def _cudnn_attention_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    query = args[1]
+    if not isinstance(query, torch.Tensor) or query.dim() != 4:
+        return []
+    b, h, m, d = query.shape
+    return [Scratch(b * h * m * (d + 1) * 4 + 256, "cuDNN attention backward workspace")]
+
+
+def _cudnn_attention_forward(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    return [Scratch(256, "cuDNN attention workspace")]
+
+
+def _rules() -> dict:
+    rules = {}
+    # sum vectorizes 16-bit inputs by 8 (its default), mean by 4 (Reduce.cuh's MeanOps)
+    for name, overload, full, vec in (("sum", "dim_IntList", False, None), ("sum", "default", True, None),
+                                      ("mean", "dim", False, 4), ("mean", "default", True, 4)):
+        op = getattr(getattr(aten, name), overload, None)
+        if op is not None:
+            rules[op] = (lambda full, vec: lambda a, kw, g: _reduction(a, kw, g, full, vec))(full, vec)
+    for name, rule in (("_scaled_dot_product_efficient_attention_backward", _efficient_attention_backward),
+                       ("_scaled_dot_product_cudnn_attention_backward", _cudnn_attention_backward),
+                       ("_scaled_dot_product_cudnn_attention", _cudnn_attention_forward)):
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            rules[packet.default] = rule
+    return rules
+
+
+_RULES = _rules()
+
+
+def scratch_for(func, args, kwargs, gpu: Gpu) -> list[Scratch]:
+    """The scratch allocations `func(*args, **kwargs)` makes on a GPU, in order ([] for most ops)."""
+    rule = _RULES.get(func)
+    if rule is None:
+        return []
+    try:
+        return rule(args, kwargs or {}, gpu)
+    except Exception:
+        return []

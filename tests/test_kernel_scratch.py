@@ -1,0 +1,82 @@
+"""Kernel scratch: the memory CUDA kernels take and give back inside one call. Sizes are
+checked against allocator traces recorded on an H200 (torch 2.11+cu130,
+benchmarks/results/gpu/h200x2_pass6/allocator_traces.log and the traces behind it); the
+estimate puts them into its Run where the kernel runs."""
+import torch
+from torch import nn
+
+from memdoctor.cuda.kernel_scratch import Gpu, scratch_for
+from memdoctor.estimate import estimate
+from memdoctor.run import Action
+
+aten = torch.ops.aten
+H200 = Gpu(sm_count=132, max_threads_per_sm=2048)
+
+
+def meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+def sizes(scratch):
+    return [s.nbytes for s in scratch]
+
+
+def test_bias_gradient_sum_takes_the_staging_buffer_measured_on_the_h200():
+    # ViT-B/16 batch 64: the MLP bias gradients, [12608 tokens, features] summed over tokens
+    assert sizes(scratch_for(aten.sum.dim_IntList, (meta(12608, 768), [0]), {}, H200)) == [77463552, 24]
+    assert sizes(scratch_for(aten.sum.dim_IntList, (meta(12608, 3072), [0]), {}, H200)) == [138412032, 96]
+    assert sizes(scratch_for(aten.sum.dim_IntList, (meta(12608, 768, dtype=torch.bfloat16), [0]), {},
+                             H200)) == [77463552, 24]
+    # llama-style batch 2 x 2048: summed over batch and sequence
+    assert sizes(scratch_for(aten.sum.dim_IntList, (meta(2, 2048, 2048), [0, 1]), {}, H200)) == [67108864, 64]
+
+
+def test_small_reductions_take_nothing():
+    assert scratch_for(aten.sum.dim_IntList, (meta(64, 1000), [0]), {}, H200) == []
+    assert scratch_for(aten.sum.dim_IntList, (meta(4096, 1024), [1]), {}, H200) == []
+
+
+def test_efficient_attention_backward_measured_on_the_h200():
+    # GPT-2 355M batch 8: B=8, H=16, M=1024, K=64, fp32; the output gradient arrives as a
+    # contiguous [B, H, M, K] and is copied to [B, M, H, K] before the outputs
+    q = meta(8, 16, 1024, 64)
+    lse = meta(8, 16, 1024)
+    got = scratch_for(aten._scaled_dot_product_efficient_attention_backward.default, (q, q, q, q, None, q, lse),
+                      {}, H200)
+    assert sizes(got) == [33554432, 524288, 524288, 33587200]
+    assert [s.before_outputs for s in got] == [True, False, False, False]
+    # laid out as the kernel reads it: no copy
+    go = meta(8, 1024, 16, 64).transpose(1, 2)
+    got = scratch_for(aten._scaled_dot_product_efficient_attention_backward.default, (go, q, q, q, None, q, lse),
+                      {}, H200)
+    assert sizes(got) == [524288, 524288, 33587200]
+    # ViT-B/16 batch 64: 197 tokens, the workspace padded to 4 blocks of 64 queries
+    q = meta(64, 12, 197, 64)
+    got = scratch_for(aten._scaled_dot_product_efficient_attention_backward.default,
+                      (q, q, q, q, None, q, meta(64, 12, 224)), {}, H200)
+    assert sizes(got)[-1] == 50380800
+
+
+def test_cudnn_attention_backward_measured_on_the_h200():
+    q = meta(64, 12, 197, 64, dtype=torch.bfloat16)
+    got = scratch_for(aten._scaled_dot_product_cudnn_attention_backward.default, (q, q, q, q, q, None), {}, H200)
+    assert sizes(got) == [39337216]
+
+
+def test_other_ops_take_nothing():
+    assert scratch_for(aten.mm.default, (meta(64, 64), meta(64, 64)), {}, H200) == []
+
+
+def test_the_estimate_puts_a_bias_gradients_staging_buffer_into_its_run():
+    est = estimate(lambda: nn.Linear(768, 3072), None, lambda: torch.randn(12608, 768),
+                   lambda m, x: m(x).float().pow(2).mean(), device="cuda", sm90=True)
+    run = est.run
+    staging = [b for b in run.blocks.values() if b.name == "reduction staging buffer"]
+    sums = [b for b in staging if b.nbytes == 138412032]
+    assert len(sums) == 2                       # one bias gradient per step, two steps
+    for b in sums:
+        assert b.category == "temporaries" and b.phase == "backward"
+        assert b.free_seq is not None and b.free_seq > b.alloc_seq
+        assert run.actions[b.alloc_seq] == Action.ALLOC and run.event_blocks[b.alloc_seq] == b.id
+        assert run.actions[b.free_seq] == Action.FREE and run.event_blocks[b.free_seq] == b.id
+    assert any("kernel scratch" in n for n in est.notes)
