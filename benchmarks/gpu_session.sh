@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_session.sh 2    # GPT-2 1.5B plans (planner's model | transformers') ; ZeRO on 2 GPUs
 #   bash benchmarks/gpu_session.sh 3    # after the fixes pass 1 and 2 called for (see the part itself)
 #   bash benchmarks/gpu_session.sh 4    # after the fixes pass 3 called for
-#   bash benchmarks/gpu_session.sh 5    # what changed after pass 5 (CPU-tested only): the next GPU pass
+#   bash benchmarks/gpu_session.sh 5    # what changed after pass 5 (CPU-tested only), allocator traces
+#   bash benchmarks/gpu_session.sh 6    # the estimate after pass 6 (allocator segments, kernel scratch)
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -104,5 +105,21 @@ elif [ "$part" = 5 ]; then
     wait
     lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
     lane 0,1 zero_memory torchrun --nproc-per-node 2 --standalone benchmarks/zero_memory.py --out "$OUT"
+elif [ "$part" = 6 ]; then
+    # the estimate with segments placed as the driver does and kernel scratch: the accuracy
+    # table, the GPT-2 1.5B plans (made again on the CPU) applied under their caps, the GPU suite
+    P=benchmarks/results/plans
+    (
+        lane 0 estimate_accuracy python benchmarks/estimate_accuracy.py --time-budget 300
+        lane 0 gpu_tests python -m pytest -q -s -m gpu -p no:cacheprovider tests --ignore tests/gpu/test_zero_gpu.py \
+            --deselect "tests/gpu/test_scenarios_gpu.py::test_diagnose_names_the_cause_first[s10]"
+    ) &
+    (
+        lane 1 plans_32GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+            --plans-from $P/gpt2-1.5b_b8_32GiB.json --top 4 --steps 4 --tag gpt2-1.5b_b8_32GiB
+        lane 1 plans_16GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 2 --seq 1024 --budget 16GiB \
+            --plans-from $P/gpt2-1.5b_b2_16GiB.json --top 4 --steps 4 --tag gpt2-1.5b_b2_16GiB
+    ) &
+    wait
 fi
 tail -n 3 "$OUT"/*.log

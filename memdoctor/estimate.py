@@ -10,15 +10,16 @@ One full training step (forward, backward, optimizer step, zero_grad(set_to_none
 runs twice under memdoctor's dispatch tracer, so optimizer state created lazily in the
 first step is counted and the second step sees it. The cuBLAS workspaces a GPU would
 allocate through the caching allocator at the first matmul of each thread are inserted
-into the Run, and its allocations and frees are replayed through a model of the CUDA
-caching allocator (memdoctor.allocator_model) to predict `max_memory_allocated()` and
-`max_memory_reserved()`. The CUDA context is reported apart: it is device memory, but the
-allocator's counters never include it.
+into the Run, and so is the scratch memory CUDA kernels take and give back inside one call
+(reduction staging buffers, attention backward workspaces: memdoctor.cuda.kernel_scratch);
+the Run's allocations and frees are replayed through a model of the CUDA caching allocator
+(memdoctor.allocator_model) to predict `max_memory_allocated()` and `max_memory_reserved()`.
+The CUDA context is reported apart: it is device memory, but the allocator's counters never
+include it.
 
-What the estimate cannot see (noted in Estimate.notes where it applies): memory CUDA
-kernels allocate internally through the allocator and free before returning (cuDNN
-convolution workspaces, flash-attention backward's accumulators, sort/cub scratch), NCCL
-buffers, and other processes.
+What the estimate cannot see (noted in Estimate.notes where it applies): the kernel scratch
+kernel_scratch does not model (cuDNN convolution workspaces, flash-attention backward's
+accumulators, embedding backward's sort buffers), NCCL buffers, and other processes.
 
 Plans (memdoctor.remedies.prepare) on fake tensors: precision (bf16/fp16 autocast,
 bf16-true master weights), checkpointing (full, selective, N blocks), micro-batches and the
