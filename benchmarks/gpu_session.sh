@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_session.sh 4    # after the fixes pass 3 called for
 #   bash benchmarks/gpu_session.sh 5    # what changed after pass 5 (CPU-tested only), allocator traces
 #   bash benchmarks/gpu_session.sh 6    # the estimate after pass 6 (allocator segments, kernel scratch)
+#   bash benchmarks/gpu_session.sh 7    # the estimate with cuDNN's workspaces measured on the GPU
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -120,6 +121,12 @@ elif [ "$part" = 6 ]; then
         lane 1 plans_16GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 2 --seq 1024 --budget 16GiB \
             --plans-from $P/gpt2-1.5b_b2_16GiB.json --top 4 --steps 4 --tag gpt2-1.5b_b2_16GiB
     ) &
+    wait
+elif [ "$part" = 7 ]; then
+    # cuDNN's convolution workspaces measured by the probe: its GPU tests, then the accuracy table
+    lane 1 estimate_gpu_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_estimate_gpu.py \
+        tests/gpu/test_allocator_gpu.py &
+    lane 0 estimate_accuracy python benchmarks/estimate_accuracy.py --time-budget 400 &
     wait
 fi
 tail -n 3 "$OUT"/*.log

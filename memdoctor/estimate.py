@@ -49,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .allocator_model import AllocatorConfig, CachingAllocatorModel, ModelOOM, MiB
 from .cuda.kernel_scratch import Gpu, scratch_for
+from .cuda.op_probe import ConvProbe
 from .attribution import breakdown_at, live_blocks
 from .remedies.plan import Plan
 from .run import Action, Block, CATEGORIES, Category, Run
@@ -338,12 +339,13 @@ class _KernelWatch(TorchDispatchMode):
     """Note where the first cuBLAS (and cuBLASLt) call of each thread happens (the event
     index just after the op's outputs were allocated), and, with a `gpu`, the scratch
     memory each op's CUDA kernel would take (memdoctor.cuda.kernel_scratch) with the event
-    indices before and after the op."""
+    indices before and after the op; with a `conv_probe`, the convolutions to measure."""
 
-    def __init__(self, run: Run, gpu=None):
+    def __init__(self, run: Run, gpu=None, conv_probe=None):
         super().__init__()
         self.run = run
         self.gpu = gpu
+        self.conv_probe = conv_probe
         self.blas: dict[str, int] = {}
         self.lt: dict[str, int] = {}
         self.scratch: list[tuple[int, int, list]] = []
@@ -362,6 +364,8 @@ class _KernelWatch(TorchDispatchMode):
             scratch = scratch_for(func, args, kwargs, self.gpu)
             if scratch:
                 self.scratch.append((before, len(self.run.actions), scratch))
+        if self.conv_probe is not None:
+            self.conv_probe.note(func, args, kwargs, before, len(self.run.actions))
         return out
 
 
@@ -428,7 +432,9 @@ def estimate(model_fn: Callable[[], nn.Module],
       outside it), steps (default 2), cuda_context_bytes (default CUDA_CONTEXT_BYTES),
       sm90 (Hopper's 32 MiB cuBLAS workspace; default: this machine's GPU if it has one,
       else True), allocator_conf (a PYTORCH_CUDA_ALLOC_CONF string; default the
-      environment's), anchors (also compute what other tools say: slower).
+      environment's), anchors (also compute what other tools say: slower), probe_gpu
+      (measure cuDNN's convolution workspaces on this machine's GPU, one convolution at a
+      time; default: when there is a GPU; False: use no GPU memory at all).
     """
     if isinstance(model_fn, nn.Module):
         raise TypeError("estimate() needs a function that builds the model (model_fn), not a built "
@@ -452,9 +458,12 @@ def estimate(model_fn: Callable[[], nn.Module],
 def estimate_built(build: Callable, plan: Plan | str | None = None, device: str = "cuda", *,
                    world_size: int = 1, budget: int | None = None, steps: int = 2,
                    cuda_context_bytes: int | None = None, sm90: bool | None = None,
-                   allocator_conf: str | None = None, anchors: bool = False) -> Estimate:
+                   allocator_conf: str | None = None, anchors: bool = False,
+                   probe_gpu: bool | None = None) -> Estimate:
     """estimate() for a `build(fake_mode, device)` returning (model, optimizer, batch, loss_fn),
-    or a dict with those keys; a build() taking no arguments is called without them."""
+    or a dict with those keys; a build() taking no arguments is called without them.
+    probe_gpu: measure the cuDNN convolution workspaces on this machine's GPU
+    (memdoctor.cuda.op_probe; default: when there is one)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .trace.session import Tracer
@@ -469,6 +478,9 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         sm90 = _local_gpu_is_sm90()
     on_cpu_for_cuda = target == "cuda" and not _cuda_built()
     sim = "cpu" if on_cpu_for_cuda else target
+    if probe_gpu is None:
+        probe_gpu = target == "cuda" and not on_cpu_for_cuda and torch.cuda.is_available()
+    conv_probe = ConvProbe() if probe_gpu and target == "cuda" and not on_cpu_for_cuda else None
     if on_cpu_for_cuda:
         notes.append(_CPU_STANDIN_NOTE)
     zero = plan.zero
@@ -488,7 +500,7 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     try:
         with fake_mode, redirect:
             with tracer:
-                watch = _KernelWatch(tracer.recorder.run, Gpu.local() if target == "cuda" else None)
+                watch = _KernelWatch(tracer.recorder.run, Gpu.local() if target == "cuda" else None, conv_probe)
                 with watch:
                     with torch.device(sim):
                         built = _call_build(build, fake_mode, sim)
@@ -520,6 +532,16 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         notes.append("optimizer foreach=None: stepped with the foreach (multi-tensor) kernels, as torch "
                      "chooses on CUDA")
     workspaces = 0
+    conv_note = ""
+    if conv_probe is not None and conv_probe.uses:
+        try:
+            measured = conv_probe.measure(torch.device("cuda"))
+            watch.scratch.extend((before, after, measured[key]) for before, after, key in conv_probe.uses)
+            conv_note = (f"convolutions: cuDNN's workspaces measured on this machine's GPU "
+                         f"({torch.cuda.get_device_name()}), each of the {len(measured)} distinct convolutions "
+                         "run once on uninitialised tensors")
+        except Exception as exc:
+            conv_note = f"convolutions: measuring cuDNN's workspaces on this GPU failed ({_first_line(exc)})"
     if target == "cuda":
         ws_events = _workspace_events(watch, sm90)
         scratch = _scratch_events(watch)
@@ -534,11 +556,15 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
                      f"(forward and autograd's backward thread), {_fmt(cublaslt_workspace_bytes())} cuBLASLt "
                      f"workspace per thread that runs an addmm with bias; {_fmt(workspaces)} in all, "
                      "counted as 'other' and never freed")
-        if any(b.name.startswith("aten.convolution") or b.name.startswith("aten.cudnn") for b in run.blocks.values()):
+        if conv_note.startswith("convolutions: cuDNN's workspaces measured"):
+            notes.append(conv_note)
+        elif any(b.name.startswith("aten.convolution") or b.name.startswith("aten.cudnn") for b in run.blocks.values()):
+            if conv_note:
+                notes.append(conv_note)
             notes.append("convolutions: cuDNN allocates its workspace inside each call and frees it "
                          "before returning; its size is cuDNN's choice per shape, GPU and version, and is "
-                         "not in the estimate (the reserved peak of a convolutional network can be a few "
-                         "percent higher)")
+                         "not in the estimate without a GPU to measure it on (the reserved peak of a "
+                         "convolutional network can be 5-13% higher)")
     conf = AllocatorConfig.parse(allocator_conf if allocator_conf is not None
                                  else os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     if conf.ignored:
@@ -648,9 +674,12 @@ def _scratch_events(watch: _KernelWatch) -> list[tuple]:
         for s in scratch:
             key = ("scratch", count)
             count += 1
-            keys.append(key)
-            events.append((before if s.before_outputs else after, "alloc", key, s.nbytes, s.label,
-                           Category.TEMPORARIES.value))
+            pos = before if s.before_outputs else after
+            events.append((pos, "alloc", key, s.nbytes, s.label, Category.TEMPORARIES.value))
+            if s.held:
+                keys.append(key)
+            else:
+                events.append((pos, "free", key, 0, "", ""))
         for key in reversed(keys):
             events.append((after, "free", key, 0, "", ""))
     return events
@@ -744,6 +773,9 @@ def _inputs_are_the_batch(run: Run, batch_blocks: set[int]) -> None:
             b.category = Category.ACTIVATIONS.value
 
 
+_CPU_RNG_OUTPUTS = frozenset({"aten._scaled_dot_product_efficient_attention", "aten._efficient_attention_forward"})
+
+
 def _counted_blocks(run: Run, device_type: str, skip_cpu_scalars: bool) -> set[int]:
     """The blocks that live on the simulated device. Standing in for CUDA on the CPU, the
     optimizers' 0-dim step counters are left out: on a GPU they stay on the CPU."""
@@ -751,6 +783,8 @@ def _counted_blocks(run: Run, device_type: str, skip_cpu_scalars: bool) -> set[i
     for b in run.blocks.values():
         if not b.device.startswith(device_type):
             continue
+        if b.name in _CPU_RNG_OUTPUTS and not b.shape and b.nbytes == 8:
+            continue        # memory-efficient attention's philox seed and offset: CPU tensors on a GPU
         if skip_cpu_scalars and b.category == Category.OPTIMIZER_STATE.value and not b.shape \
                 and b.name.endswith(":step"):
             continue

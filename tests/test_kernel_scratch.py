@@ -80,3 +80,47 @@ def test_the_estimate_puts_a_bias_gradients_staging_buffer_into_its_run():
         assert run.actions[b.alloc_seq] == Action.ALLOC and run.event_blocks[b.alloc_seq] == b.id
         assert run.actions[b.free_seq] == Action.FREE and run.event_blocks[b.free_seq] == b.id
     assert any("kernel scratch" in n for n in est.notes)
+
+
+# ---------------------------------------------------------------- measured on the GPU (op_probe)
+
+def test_scratch_is_what_a_call_freed_in_order():
+    from memdoctor.cuda.op_probe import scratch_from_trace
+    # convolution_backward as the H200 ran it: grad_input, its workspace, grad_weight, its workspace
+    trace = [{"action": "alloc", "addr": 1, "size": 6422528},
+             {"action": "alloc", "addr": 2, "size": 32112656},
+             {"action": "free_requested", "addr": 2, "size": 32112656},
+             {"action": "free_completed", "addr": 2, "size": 32112656},
+             {"action": "alloc", "addr": 3, "size": 4194304},
+             {"action": "alloc", "addr": 2, "size": 32112656},
+             {"action": "free_completed", "addr": 2, "size": 32112656}]
+    got = scratch_from_trace(trace)
+    assert [(s.nbytes, s.before_outputs, s.held) for s in got] == [(32112656, False, False), (32112656, False, False)]
+    # a copy made before the output and kept until the end, then a workspace
+    trace = [{"action": "alloc", "addr": 9, "size": 1000}, {"action": "alloc", "addr": 1, "size": 64},
+             {"action": "alloc", "addr": 2, "size": 500}, {"action": "free_completed", "addr": 2, "size": 500},
+             {"action": "free_completed", "addr": 9, "size": 1000}]
+    got = scratch_from_trace(trace)
+    assert [(s.nbytes, s.before_outputs, s.held) for s in got] == [(1000, True, True), (500, False, False)]
+
+
+def test_a_convolution_is_described_by_shapes_never_data():
+    from memdoctor.cuda.op_probe import spec_of
+    x = torch.randn(2, 3, 8, 8)
+    w = torch.randn(4, 3, 3, 3)
+    key, _ = spec_of((x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {})
+    key2, _ = spec_of((torch.zeros(2, 3, 8, 8), w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {})
+    key3, _ = spec_of((x.contiguous(memory_format=torch.channels_last), w, None, [1, 1], [1, 1], [1, 1],
+                       False, [0, 0], 1), {})
+    assert key == key2 and hash(key) == hash(key2)
+    assert key != key3                      # another layout: another algorithm, maybe
+
+
+def test_scratch_freed_at_once_is_freed_before_the_next_in_the_run():
+    from memdoctor.cuda.kernel_scratch import Scratch
+    from memdoctor.estimate import _scratch_events
+    class W:
+        scratch = [(5, 7, [Scratch(100, "a", held=False), Scratch(200, "b", held=False), Scratch(50, "c")])]
+    events = _scratch_events(W())
+    assert [(e[0], e[1], e[3]) for e in events] == [(7, "alloc", 100), (7, "free", 0), (7, "alloc", 200),
+                                                    (7, "free", 0), (7, "alloc", 50), (7, "free", 0)]

@@ -56,6 +56,7 @@ class Scratch:
     nbytes: int
     label: str
     before_outputs: bool = False    # allocated before the op's outputs (else after them)
+    held: bool = True               # kept until the op returns (else freed before the next one)
 
 
 def _ceil_div(a: int, b: int) -> int:

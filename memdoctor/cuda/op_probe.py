@@ -1,0 +1,126 @@
+"""Measure, on this machine's GPU, the scratch memory of ops whose size no rule can give.
+
+cuDNN picks a convolution's algorithm, and with it the workspace it asks the caching
+allocator for, by its own heuristics per shape, dtype, GPU and cuDNN version (the
+workspaces of ResNet-50 on an H200 range from 400 bytes to 6x the input, with no formula
+behind them). So the estimate, on a machine with a CUDA GPU, runs each distinct
+convolution it met once, forward or backward, on uninitialised tensors of the same
+shapes, strides and dtypes, and records the allocator's trace during the call: every
+allocation freed before the call returns is scratch. Values do not matter to the
+algorithm choice; memory does only when the GPU is nearly full (cuDNN then falls back to
+smaller workspaces), which the estimate cannot know either way.
+
+The GPU memory this takes is one op's inputs, outputs and scratch at a time, given back
+(empty_cache) before the estimate goes on.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .kernel_scratch import Scratch
+
+aten = torch.ops.aten
+PROBED_OPS = frozenset(op for op in (getattr(aten.convolution, "default", None),
+                                     getattr(aten.convolution_backward, "default", None)) if op is not None)
+
+
+def spec_of(args, kwargs) -> tuple:
+    """A hashable description of an op's arguments: tensors by shape, stride, dtype and
+    offset (never their data), everything else as it is."""
+    leaves, tree = tree_flatten((args, kwargs or {}))
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            out.append(("tensor", tuple(leaf.shape), tuple(leaf.stride()), str(leaf.dtype).replace("torch.", ""),
+                        leaf.storage_offset()))
+        elif isinstance(leaf, (int, float, bool, str, type(None))):
+            out.append(("value", leaf))
+        else:
+            out.append(("value", repr(leaf)))
+    return (str(tree), tuple(out)), tree
+
+
+def _materialize(leaves: tuple, device: torch.device) -> list[Any]:
+    values = []
+    for kind, *rest in leaves:
+        if kind == "tensor":
+            shape, stride, dtype, offset = rest
+            size = offset + sum((n - 1) * s for n, s in zip(shape, stride)) + 1 if all(shape) else 0
+            base = torch.empty(size, dtype=getattr(torch, dtype), device=device)
+            values.append(base.as_strided(shape, stride, offset))
+        else:
+            values.append(rest[0])
+    return values
+
+
+def probe(func, key: tuple, tree, device: str | torch.device = "cuda") -> list[Scratch]:
+    """Run `func` once on uninitialised tensors described by `key` (from spec_of) and return
+    the allocations it freed before returning, in order; each is freed before the next
+    one is made unless it is marked held."""
+    device = torch.device(device)
+    _, leaves = key
+    args, kwargs = tree_unflatten(_materialize(leaves, device), tree)
+    torch.cuda.synchronize(device)
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=100_000)
+    try:
+        with torch.no_grad():
+            out = func(*args, **kwargs)
+        torch.cuda.synchronize(device)
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    del out, args, kwargs
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return scratch_from_trace(snap["device_traces"][index])
+
+
+def scratch_from_trace(trace: list[dict]) -> list[Scratch]:
+    """The allocations of an allocator trace that were freed within it, in order: those
+    made before the first allocation that lived on (an output) are marked before_outputs,
+    those still allocated when the next one was made are marked held."""
+    allocs: list[list] = []         # [size, made at, freed at]
+    live: dict[int, list] = {}
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            rec = [e["size"], i, None]
+            allocs.append(rec)
+            live[e["addr"]] = rec
+        elif e["action"] in ("free_requested", "free_completed"):
+            rec = live.pop(e["addr"], None)
+            if rec is not None:
+                rec[2] = i
+    first_output = min((made for _, made, freed in allocs if freed is None), default=None)
+    freed = [r for r in allocs if r[2] is not None]
+    out = []
+    for n, (size, made, freed_at) in enumerate(freed):
+        held = n + 1 < len(freed) and freed[n + 1][1] < freed_at
+        before = first_output is not None and made < first_output
+        out.append(Scratch(size, "cuDNN convolution workspace", before_outputs=before, held=held))
+    return out
+
+
+class ConvProbe:
+    """Collects the distinct convolutions of a fake run and measures them on the GPU."""
+
+    def __init__(self):
+        self.keys: dict[tuple, Any] = {}        # key -> (func, tree)
+        self.uses: list[tuple[int, int, tuple]] = []
+
+    def note(self, func, args, kwargs, before: int, after: int) -> None:
+        if func not in PROBED_OPS:
+            return
+        key, tree = spec_of(args, kwargs)
+        self.keys.setdefault(key, (func, tree))
+        self.uses.append((before, after, key))
+
+    def measure(self, device: str | torch.device = "cuda") -> dict[tuple, list[Scratch]]:
+        got = {}
+        try:
+            for key, (func, tree) in self.keys.items():
+                got[key] = probe(func, key, tree, device)
+        finally:
+            torch.cuda.empty_cache()
+        return got

@@ -1,0 +1,65 @@
+"""The estimate's GPU-side pieces on a real GPU: cuDNN's convolution workspaces measured by
+the probe agree with the allocator's own count, and with them a convolutional network's
+estimate meets its measured peaks."""
+import gc
+
+import pytest
+import torch
+
+from memdoctor.cuda.op_probe import probe, spec_of
+
+pytestmark = pytest.mark.gpu
+aten = torch.ops.aten
+
+
+def _fresh():
+    gc.collect()
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("shape, weight, stride", [((32, 64, 56, 56), (64, 64, 3, 3), 1),
+                                                   ((32, 256, 56, 56), (512, 256, 1, 1), 2),
+                                                   ((32, 3, 224, 224), (64, 3, 7, 7), 2)])
+def test_probed_workspace_is_what_the_allocator_was_asked_for(shape, weight, stride):
+    x = torch.randn(*shape, device="cuda")
+    w = torch.randn(*weight, device="cuda")
+    pad = weight[-1] // 2
+    args = (x, w, None, [stride, stride], [pad, pad], [1, 1], False, [0, 0], 1)
+    key, tree = spec_of(args, {})
+    scratch = probe(aten.convolution.default, key, tree)
+    _fresh()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_stats()["requested_bytes.all.current"]
+    y = aten.convolution.default(*args)
+    torch.cuda.synchronize()
+    peak = torch.cuda.memory_stats()["requested_bytes.all.peak"] - base
+    out = y.untyped_storage().nbytes()
+    assert peak - out == max((s.nbytes for s in scratch), default=0)
+
+
+def test_resnet50_estimate_with_measured_workspaces_meets_the_gpu():
+    from memdoctor.estimate import estimate_built, train_step
+    from memdoctor.estimate_models import get
+    build = get("resnet50").builder(batch=32)
+    est = estimate_built(build, device="cuda")
+    assert any("measured on this machine's GPU" in n for n in est.notes)
+    _fresh()
+    torch.cuda.reset_peak_memory_stats()
+    base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    with torch.device("cuda"):
+        model, optimizer, batch, loss_fn = build()
+    for _ in range(2):
+        train_step(model, optimizer, batch, loss_fn)
+    torch.cuda.synchronize()
+    allocated = torch.cuda.max_memory_allocated() - base_alloc
+    reserved = torch.cuda.max_memory_reserved() - base_res
+    del model, optimizer, batch
+    _fresh()
+    print(f"resnet50 b32: allocated {allocated} predicted {est.peak_allocated_bytes}; "
+          f"reserved {reserved} predicted {est.peak_reserved_bytes}")
+    assert abs(est.peak_allocated_bytes - allocated) <= 0.01 * allocated
+    assert abs(est.peak_reserved_bytes - reserved) <= 0.04 * reserved
