@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_session.sh 5    # what changed after pass 5 (CPU-tested only), allocator traces
 #   bash benchmarks/gpu_session.sh 6    # the estimate after pass 6 (allocator segments, kernel scratch)
 #   bash benchmarks/gpu_session.sh 7    # the estimate with cuDNN's workspaces measured on the GPU
+#   bash benchmarks/gpu_session.sh 8    # the accuracy table, each configuration measured in a fresh process
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -128,5 +129,7 @@ elif [ "$part" = 7 ]; then
         tests/gpu/test_allocator_gpu.py &
     lane 0 estimate_accuracy python benchmarks/estimate_accuracy.py --time-budget 400 &
     wait
+elif [ "$part" = 8 ]; then
+    lane 0 estimate_accuracy python benchmarks/estimate_accuracy.py --time-budget 500
 fi
 tail -n 3 "$OUT"/*.log
