@@ -124,3 +124,19 @@ def test_scratch_freed_at_once_is_freed_before_the_next_in_the_run():
     events = _scratch_events(W())
     assert [(e[0], e[1], e[3]) for e in events] == [(7, "alloc", 100), (7, "free", 0), (7, "alloc", 200),
                                                     (7, "free", 0), (7, "alloc", 50), (7, "free", 0)]
+
+
+def test_embedding_backward_measured_on_the_h200():
+    # GPT-2 355M batch 8 x 1024 tokens: the token embedding (50257 rows of 1024)
+    g = meta(8, 1024, 1024)
+    idx = meta(8, 1024, dtype=torch.long)
+    got = scratch_for(aten.embedding_dense_backward.default, (g, idx, 50257, -1, False), {}, H200)
+    measured = [65536, 65536, 65536, 65536, 8, 65536, 1279, 65536, 65536, 1279, 8, 72088, 36909056]
+    assert sorted(s.nbytes for s in got if "cub sort" not in s.label) == sorted(measured)
+    # llama-style batch 2 x 2048 over 128256 rows of 2048: 4505 partial segments
+    got = scratch_for(aten.embedding_dense_backward.default, (meta(2, 2048, 2048), meta(2, 2048, dtype=torch.long),
+                                                              128256, -1, False), {}, H200)
+    assert got[-1].nbytes == 36904960 and got[-2].nbytes == 36040
+    # positions (1024 indices): the sort-free kernel
+    assert scratch_for(aten.embedding_dense_backward.default, (meta(1024, 1024), meta(1024, dtype=torch.long),
+                                                               1024, -1, False), {}, H200) == []

@@ -15,11 +15,13 @@ benchmarks/results/gpu/h200x2_pass6 (`benchmarks/allocator_trace_capture.py`):
   size (fp32, one value per query), and the split-key workspace for grad_q (a lock header
   and a 64 x 64 fp32 tile per 64 queries, per batch and head);
 - cuDNN attention: 256 bytes in forward; in backward an fp32 grad_q accumulator plus one
-  fp32 value per query, and 256 bytes, per batch and head.
+  fp32 value per query, and 256 bytes, per batch and head;
+- embedding backward (more than 3072 indices): the sort, segment and per-segment gradient
+  buffers, sized for the worst case as the kernel sizes them (cub's temporaries
+  approximately).
 
-Not modelled: cuDNN convolution workspaces (chosen by cuDNN's heuristics per shape, GPU and
-cuDNN version: no rule reproduces them), embedding backward's sort buffers (their size
-depends on how many distinct indices the batch holds, which a fake batch does not have),
+Not here: cuDNN convolution workspaces (chosen by cuDNN's heuristics per shape, GPU and
+cuDNN version: measured on the GPU by memdoctor.cuda.op_probe when there is one), and
 flash-attention backward's accumulators (not measured).
 """
 from __future__ import annotations
@@ -129,6 +131,38 @@ def _cudnn_attention_forward(args, kwargs, gpu: Gpu) -> list[Scratch]:
     return [Scratch(256, "cuDNN attention workspace")]
 
 
+def _embedding_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    """EmbeddingBackwardKernel.cu's sort-based path (more than 3072 indices, or
+    scale_grad_by_freq): sorted and original indices, segment bookkeeping sized by the
+    worst case (min(indices, rows) segments, indices / 10 + segments partial segments, as
+    it sizes them to avoid a device sync), cub's temporaries, and the per-partial-segment
+    fp32 gradient rows. Checked on the H200 for 8192 and 4096 indices."""
+    grad, indices, num_weights = args[0], args[1], args[2]
+    scale = args[4] if len(args) > 4 else kwargs.get("scale_grad_by_freq", False)
+    n = indices.numel()
+    if n <= 3072 and not scale:
+        return []           # embedding_backward_feature_kernel: no scratch
+    idx = indices.element_size()
+    segments = min(n, int(num_weights))
+    partial = n // 10 + segments
+    acc = 8 if grad.dtype == torch.float64 else 4
+    label = "embedding backward: "
+    return [Scratch(n * idx, label + "sorted indices", before_outputs=True),
+            Scratch(n * idx, label + "original indices", before_outputs=True),
+            Scratch(n * idx, label + "index range", before_outputs=True, held=False),
+            Scratch(2 * n * idx + 18432, label + "cub sort temporary", before_outputs=True, held=False),
+            Scratch(n * idx, label + "segment offsets"),
+            Scratch(8, label + "segment count"),
+            Scratch(segments * idx, label + "partials per segment"),
+            Scratch(1279, label + "cub scan temporary", held=False),
+            Scratch(segments * idx, label + "partial offsets per segment"),
+            Scratch(segments * idx, label + "segment sizes"),
+            Scratch(1279, label + "cub scan temporary", held=False),
+            Scratch(8, label + "partial segment count"),
+            Scratch(partial * idx, label + "partial segment offsets"),
+            Scratch(partial * grad.size(-1) * acc, label + "gradient rows per partial segment", held=False)]
+
+
 def _rules() -> dict:
     rules = {}
     # sum vectorizes 16-bit inputs by 8 (its default), mean by 4 (Reduce.cuh's MeanOps)
@@ -139,7 +173,8 @@ def _rules() -> dict:
             rules[op] = (lambda full, vec: lambda a, kw, g: _reduction(a, kw, g, full, vec))(full, vec)
     for name, rule in (("_scaled_dot_product_efficient_attention_backward", _efficient_attention_backward),
                        ("_scaled_dot_product_cudnn_attention_backward", _cudnn_attention_backward),
-                       ("_scaled_dot_product_cudnn_attention", _cudnn_attention_forward)):
+                       ("_scaled_dot_product_cudnn_attention", _cudnn_attention_forward),
+                       ("embedding_dense_backward", _embedding_backward)):
         packet = getattr(aten, name, None)
         if packet is not None:
             rules[packet.default] = rule
