@@ -550,7 +550,7 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         sizes = [e[3] for e in scratch if e[1] == "alloc"]
         if sizes:
             notes.append(f"kernel scratch: {len(sizes)} allocations CUDA kernels make and free inside one call "
-                         f"(reduction staging buffers, attention backward workspaces; the largest "
+                         f"(reduction staging buffers, attention and embedding backward workspaces; the largest "
                          f"{_fmt(max(sizes))}), sized for a GPU of {watch.gpu.sm_count} SMs")
         notes.append(f"cuBLAS workspaces: {_fmt(cublas_workspace_bytes(sm90))} per thread that runs a matmul "
                      f"(forward and autograd's backward thread), {_fmt(cublaslt_workspace_bytes())} cuBLASLt "
