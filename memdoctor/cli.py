@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="the device to predict for")
     p.add_argument("--anchors", action="store_true",
                    help="also show torch MemTracker's, DeepSpeed's and accelerate's figures (slower)")
+    p.add_argument("--no-gpu-probe", action="store_true",
+                   help="use no GPU memory: do not measure cuDNN's convolution workspaces on this machine's GPU")
     p.add_argument("-o", "--output", metavar="RUN", help="also save the predicted run here")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -397,7 +399,8 @@ def cmd_estimate(ns) -> int:
                 ns.model, ns.script, _script_argv(ns), batch=ns.batch, seq=ns.seq, image_size=ns.image_size,
                 precision=ns.precision, checkpointing=ns.checkpointing, micro_batch=ns.micro_batch,
                 optimizer=ns.optimizer, plan=ns.plan, world_size=ns.world_size, zero=ns.zero,
-                budget=ns.budget, device=ns.device, anchors=ns.anchors)
+                budget=ns.budget, device=ns.device, anchors=ns.anchors,
+                probe_gpu=False if ns.no_gpu_probe else None)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if ns.output:
