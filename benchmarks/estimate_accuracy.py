@@ -144,6 +144,8 @@ def measure(job: dict) -> dict:
     from memdoctor.estimate_models import get
     from memdoctor.remedies import prepare
     t0 = time.perf_counter()
+    if job.get("gpu") is not None:
+        torch.cuda.set_device(job["gpu"])
     _reset_cuda()
     base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
@@ -341,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=None, help="prediction worker processes (0: in this process)")
     ap.add_argument("--no-memtracker", action="store_true", help="skip the MemTracker anchor (slow on big models)")
     ap.add_argument("--time-budget", type=float, default=440.0, help="seconds for the whole run (default 440)")
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="measure on this many GPUs side by side, one configuration per fresh process each")
     ap.add_argument("--same-process", action="store_true",
                     help="measure every configuration in this one process (faster; a convolutional "
                          "network's reserved peak then depends on what ran before it)")
@@ -389,27 +393,35 @@ def main(argv: list[str] | None = None) -> int:
             for r in order:
                 mt_futures[r["id"]] = pool.submit(memtracker, r)
 
-    # measurements, one at a time, on the GPU
+    # measurements on the GPU: one at a time, or one per GPU side by side (fresh processes)
+    def measure_row(r: dict, gpu: int | None) -> None:
+        if time.perf_counter() > deadline - 20:
+            r["status"] = "not measured: time budget"
+            return
+        job = dict(r, gpu=gpu)
+        got = measure(job) if args.same_process else measure_in_fresh_process(job, deadline)
+        r["measure_seconds"] = got.pop("seconds", None)
+        if got.get("ok"):
+            r["measured_allocated_bytes"] = got["peak_allocated_bytes"]
+            r["measured_reserved_bytes"] = got["peak_reserved_bytes"]
+            r["measured_requested_bytes"] = got["requested_peak_bytes"]
+            r["measured_segments_peak"] = got["segments_peak"]
+            r["measured_alloc_retries"] = got["num_alloc_retries"]
+            r["baseline_allocated_bytes"] = got["baseline_allocated_bytes"]
+        else:
+            r["status"] = ("measured OOM: " if got.get("oom") else "measure failed: ") + got["error"]
+            r["measure_trace"] = got.get("trace")
+        print(f"  measured {r['id']:<28} {gib(r.get('measured_allocated_bytes')):>7} GiB alloc  "
+              f"{gib(r.get('measured_reserved_bytes')):>7} GiB reserved  ({r['measure_seconds']} s)"
+              + (f"  {r['status']}" if r.get("status") else ""), flush=True)
+
+    if measure_gpu and args.gpus > 1 and not args.same_process:
+        lanes = [rows[i::args.gpus] for i in range(args.gpus)]
+        with cf.ThreadPoolExecutor(max_workers=args.gpus) as lanes_pool:
+            list(lanes_pool.map(lambda g: [measure_row(r, g) for r in lanes[g]], range(args.gpus)))
     for r in rows:
-        if measure_gpu:
-            if time.perf_counter() > deadline - 20:
-                r["status"] = "not measured: time budget"
-                continue
-            got = measure(r) if args.same_process else measure_in_fresh_process(r, deadline)
-            r["measure_seconds"] = got.pop("seconds", None)
-            if got.get("ok"):
-                r["measured_allocated_bytes"] = got["peak_allocated_bytes"]
-                r["measured_reserved_bytes"] = got["peak_reserved_bytes"]
-                r["measured_requested_bytes"] = got["requested_peak_bytes"]
-                r["measured_segments_peak"] = got["segments_peak"]
-                r["measured_alloc_retries"] = got["num_alloc_retries"]
-                r["baseline_allocated_bytes"] = got["baseline_allocated_bytes"]
-            else:
-                r["status"] = ("measured OOM: " if got.get("oom") else "measure failed: ") + got["error"]
-                r["measure_trace"] = got.get("trace")
-            print(f"  measured {r['id']:<28} {gib(r.get('measured_allocated_bytes')):>7} GiB alloc  "
-                  f"{gib(r.get('measured_reserved_bytes')):>7} GiB reserved  ({r['measure_seconds']} s)"
-                  + (f"  {r['status']}" if r.get("status") else ""), flush=True)
+        if measure_gpu and not (args.gpus > 1 and not args.same_process):
+            measure_row(r, None)
         if pool is None:        # in-process predictions
             if time.perf_counter() > deadline - 10:
                 r.setdefault("status", "not predicted: time budget")
