@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memdoctor.allocator_model import CachingAllocatorModel  # noqa: E402
+from memdoctor.allocator_model import replay_trace  # noqa: E402
 
 MiB = 1024 ** 2
 
@@ -40,13 +40,7 @@ def compact(trace: list[dict]) -> list[list[int]]:
 
 
 def replay(events: list[list[int]]) -> dict:
-    model = CachingAllocatorModel()
-    blocks = {}
-    for action, n, size in events:
-        if action == 1:
-            blocks[n] = model.malloc(size)
-        else:
-            model.free(blocks.pop(n))
+    model = replay_trace(events)
     return {"peak_allocated": model.peak_allocated, "peak_reserved": model.peak_reserved,
             "segments": model.num_segment_allocs}
 

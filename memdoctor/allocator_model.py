@@ -360,3 +360,17 @@ class CachingAllocatorModel:
         for pool in (self.large_pool, self.small_pool):
             for block in [b for b in pool.blocks.values() if b.whole_segment]:
                 self._release_segment(pool, block)
+
+
+def replay_trace(events) -> CachingAllocatorModel:
+    """Replay [action, n, bytes] events (1: allocate `bytes` as allocation n, 0: free
+    allocation n) through a fresh model; what tests and benchmarks feed it from a GPU's
+    recorded allocator trace."""
+    model = CachingAllocatorModel()
+    blocks = {}
+    for action, n, size in events:
+        if action == 1:
+            blocks[n] = model.malloc(size)
+        else:
+            model.free(blocks.pop(n))
+    return model

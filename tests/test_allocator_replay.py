@@ -8,26 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from memdoctor.allocator_model import CachingAllocatorModel
+from memdoctor.allocator_model import replay_trace
 
 TRACES = sorted((Path(__file__).parent / "fixtures" / "allocator_traces").glob("*.json.gz"))
-
-
-def _replay(events):
-    model = CachingAllocatorModel()
-    blocks = {}
-    for action, n, size in events:
-        if action == 1:
-            blocks[n] = model.malloc(size)
-        else:
-            model.free(blocks.pop(n))
-    return model
 
 
 @pytest.mark.parametrize("path", TRACES, ids=[p.name.split(".")[0] for p in TRACES])
 def test_replayed_gpu_trace_gives_the_gpu_peaks(path):
     rec = json.loads(gzip.decompress(path.read_bytes()))
-    model = _replay(rec["events"])
+    model = replay_trace(rec["events"])
     assert model.peak_allocated == rec["max_allocated"]
     assert model.num_segment_allocs == rec["segments"]
     assert model.peak_reserved == rec["max_reserved"]
