@@ -137,6 +137,16 @@ def test_embedding_backward_measured_on_the_h200():
     got = scratch_for(aten.embedding_dense_backward.default, (meta(2, 2048, 2048), meta(2, 2048, dtype=torch.long),
                                                               128256, -1, False), {}, H200)
     assert got[-1].nbytes == 36904960 and got[-2].nbytes == 36040
+    # BERT-base batch 32 x 512: the token types, 16384 indices into 2 rows: segments are rows,
+    # not indices (16-byte allocations), partial segments 16384 // 10 + 2
+    got = scratch_for(aten.embedding_dense_backward.default, (meta(32, 512, 768), meta(32, 512, dtype=torch.long),
+                                                              2, -1, False), {}, H200)
+    sizes_ = [s.nbytes for s in got if "cub" not in s.label]
+    assert sizes_.count(16) == 2 and sizes_.count(131072) == 5 and 13120 in sizes_
+    # and the words: 16384 // 10 + 16384 partial segments of 768 fp32
+    got = scratch_for(aten.embedding_dense_backward.default, (meta(32, 512, 768), meta(32, 512, dtype=torch.long),
+                                                              30522, -1, False), {}, H200)
+    assert got[-1].nbytes == 55363584 and got[-2].nbytes == 144176
     # positions (1024 indices): the sort-free kernel
     assert scratch_for(aten.embedding_dense_backward.default, (meta(1024, 1024), meta(1024, dtype=torch.long),
                                                                1024, -1, False), {}, H200) == []
