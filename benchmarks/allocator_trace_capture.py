@@ -22,10 +22,12 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "benchmarks"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 import torch  # noqa: E402
+from estimate_accuracy import _reset_cuda  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
@@ -68,12 +70,7 @@ def measure(job: dict) -> dict:
     from memdoctor.estimate import train_step
     from memdoctor.estimate_models import get
     from memdoctor.remedies import prepare
-    gc.collect()
-    torch.cuda.synchronize()
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
-    torch.cuda.empty_cache()
+    _reset_cuda()
     torch.cuda.reset_peak_memory_stats()
     build = get(job["model"]).builder(batch=job["batch"], seq=job["seq"])
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
