@@ -11,15 +11,17 @@ runs twice under memdoctor's dispatch tracer, so optimizer state created lazily 
 first step is counted and the second step sees it. The cuBLAS workspaces a GPU would
 allocate through the caching allocator at the first matmul of each thread are inserted
 into the Run, and so is the scratch memory CUDA kernels take and give back inside one call
-(reduction staging buffers, attention backward workspaces: memdoctor.cuda.kernel_scratch);
+(reduction staging buffers, attention and embedding backward workspaces:
+memdoctor.cuda.kernel_scratch; cuDNN's convolution workspaces, measured on the local GPU
+where there is one: memdoctor.cuda.op_probe);
 the Run's allocations and frees are replayed through a model of the CUDA caching allocator
 (memdoctor.allocator_model) to predict `max_memory_allocated()` and `max_memory_reserved()`.
 The CUDA context is reported apart: it is device memory, but the allocator's counters never
 include it.
 
-What the estimate cannot see (noted in Estimate.notes where it applies): the kernel scratch
-kernel_scratch does not model (cuDNN convolution workspaces, flash-attention backward's
-accumulators, embedding backward's sort buffers), NCCL buffers, and other processes.
+What the estimate cannot see (noted in Estimate.notes where it applies): flash-attention
+backward's accumulators, cuDNN's convolution workspaces without a GPU to measure them on,
+NCCL buffers, and other processes.
 
 Plans (memdoctor.remedies.prepare) on fake tensors: precision (bf16/fp16 autocast,
 bf16-true master weights), checkpointing (full, selective, N blocks), micro-batches and the
@@ -478,9 +480,8 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         sm90 = _local_gpu_is_sm90()
     on_cpu_for_cuda = target == "cuda" and not _cuda_built()
     sim = "cpu" if on_cpu_for_cuda else target
-    if probe_gpu is None:
-        probe_gpu = target == "cuda" and not on_cpu_for_cuda and torch.cuda.is_available()
-    conv_probe = ConvProbe() if probe_gpu and target == "cuda" and not on_cpu_for_cuda else None
+    can_probe = target == "cuda" and not on_cpu_for_cuda and torch.cuda.is_available()
+    conv_probe = ConvProbe() if can_probe and probe_gpu is not False else None
     if on_cpu_for_cuda:
         notes.append(_CPU_STANDIN_NOTE)
     zero = plan.zero
@@ -532,7 +533,7 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         notes.append("optimizer foreach=None: stepped with the foreach (multi-tensor) kernels, as torch "
                      "chooses on CUDA")
     workspaces = 0
-    conv_note = ""
+    conv_note, convs_measured = "", False
     if conv_probe is not None and conv_probe.uses:
         try:
             measured = conv_probe.measure(torch.device("cuda"))
@@ -540,6 +541,7 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
             conv_note = (f"convolutions: cuDNN's workspaces measured on this machine's GPU "
                          f"({torch.cuda.get_device_name()}), each of the {len(measured)} distinct convolutions "
                          "run once on uninitialised tensors")
+            convs_measured = True
         except Exception as exc:
             conv_note = f"convolutions: measuring cuDNN's workspaces on this GPU failed ({_first_line(exc)})"
     if target == "cuda":
@@ -556,11 +558,10 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
                      f"(forward and autograd's backward thread), {_fmt(cublaslt_workspace_bytes())} cuBLASLt "
                      f"workspace per thread that runs an addmm with bias; {_fmt(workspaces)} in all, "
                      "counted as 'other' and never freed")
-        if conv_note.startswith("convolutions: cuDNN's workspaces measured"):
+        if conv_note:
             notes.append(conv_note)
-        elif any(b.name.startswith("aten.convolution") or b.name.startswith("aten.cudnn") for b in run.blocks.values()):
-            if conv_note:
-                notes.append(conv_note)
+        if not convs_measured and any(b.name.startswith(("aten.convolution", "aten.cudnn"))
+                                      for b in run.blocks.values()):
             notes.append("convolutions: cuDNN allocates its workspace inside each call and frees it "
                          "before returning; its size is cuDNN's choice per shape, GPU and version, and is "
                          "not in the estimate without a GPU to measure it on (the reserved peak of a "

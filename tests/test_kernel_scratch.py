@@ -71,7 +71,7 @@ def test_the_estimate_puts_a_bias_gradients_staging_buffer_into_its_run():
     est = estimate(lambda: nn.Linear(768, 3072), None, lambda: torch.randn(12608, 768),
                    lambda m, x: m(x).float().pow(2).mean(), device="cuda", sm90=True)
     run = est.run
-    staging = [b for b in run.blocks.values() if b.name == "reduction staging buffer"]
+    staging = [b for b in run.blocks.values() if b.name == "reduction staging buffer and semaphores"]
     sums = [b for b in staging if b.nbytes == 138412032]
     assert len(sums) == 2                       # one bias gradient per step, two steps
     for b in sums:

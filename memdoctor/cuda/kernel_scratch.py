@@ -13,7 +13,8 @@ benchmarks/results/gpu/h200x2_pass6 (`benchmarks/allocator_trace_capture.py`):
 - memory-efficient attention backward: a contiguous copy of the output gradient (when it
   is not already laid out as the kernel reads it), `delta` and a transient of the same
   size (fp32, one value per query), and the split-key workspace for grad_q (a lock header
-  and a 64 x 64 fp32 tile per 64 queries, per batch and head);
+  and a 64 x 64 fp32 tile per 64 queries, per batch and head; head dims over 64, measured
+  on none, take tiles as wide as the head dim rounded up to 64);
 - cuDNN attention: 256 bytes in forward; in backward an fp32 grad_q accumulator plus one
   fp32 value per query, and 256 bytes, per batch and head;
 - embedding backward (more than 3072 indices): the sort, segment and per-segment gradient
@@ -55,6 +56,7 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Scratch:
+    """One allocation a kernel makes and frees within its call."""
     nbytes: int
     label: str
     before_outputs: bool = False    # allocated before the op's outputs (else after them)
@@ -66,7 +68,8 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def _acc_bytes(dtype: torch.dtype) -> int:
-    return 8 if dtype in (torch.float64, torch.int64, torch.complex64) else 4
+    """Reductions of floating tensors accumulate in float32, float64 ones in float64."""
+    return 8 if dtype == torch.float64 else 4
 
 
 def _reduction(args, kwargs, gpu: Gpu, full: bool, vec: int | None) -> list[Scratch]:
@@ -87,8 +90,7 @@ def _reduction(args, kwargs, gpu: Gpu, full: bool, vec: int | None) -> list[Scra
     sizes = reduction_scratch_bytes(list(x.shape), dims, x.element_size(), acc_bytes=_acc_bytes(x.dtype),
                                     sm_count=gpu.sm_count, max_threads_per_sm=gpu.max_threads_per_sm,
                                     input_vec_size=vec)
-    labels = ("reduction staging buffer", "reduction semaphores")
-    return [Scratch(n, labels[min(i, 1)]) for i, n in enumerate(sizes) if n > 0]
+    return [Scratch(n, "reduction staging buffer and semaphores") for n in sizes if n > 0]
 
 
 def _contiguous_as_bmhk(t: torch.Tensor) -> bool:
