@@ -10,7 +10,10 @@ reentrant. What the first run found (torch 2.11, H200; benchmarks/results/gpu/h2
 the non-reentrant checkpoint failed under watch in backward with "SystemError: ... returned
 NULL without setting an exception" at the loss's last ops (cross_entropy, or logsumexp -
 gather written out), ran unwatched, and ran reentrant. memdoctor's chunked loss is since an
-autograd Function: no recompute, nothing raised through it.
+autograd Function: no recompute, nothing raised through it. The last two variants tell
+apart memdoctor's watch (its dispatch source) from torch's allocator history with Python
+stacks, which the allocator source turns on, as the cause (pass 6 again: only the early-stop
+variant under watch fails).
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 VARIANTS = ("memdoctor-watched", "checkpoint-watched", "checkpoint-unwatched", "checkpoint-noearlystop-watched",
-            "checkpoint-reentrant-watched")
+            "checkpoint-reentrant-watched",
+            # which part of the watch: its dispatch source, or torch's own allocator history alone
+            "checkpoint-dispatch-watched", "checkpoint-history-unwatched")
 
 
 def checkpointed_chunked_ce(hidden, weight, targets, chunks=8, reentrant=False, early_stop=True):
@@ -59,8 +64,17 @@ def child(variant: str) -> dict:
     model, optimizer = case.build()
     model.to(device)
     try:
-        if variant.endswith("unwatched"):
+        if variant == "checkpoint-history-unwatched" and device == "cuda":
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+            try:
+                case.loop(model, optimizer, True)
+            finally:
+                torch.cuda.memory._record_memory_history(enabled=None)
+        elif variant.endswith("unwatched"):
             case.loop(model, optimizer, True)
+        elif variant.endswith("dispatch-watched"):
+            with memdoctor.watch(model, optimizer, source="dispatch"):
+                case.loop(model, optimizer, True)
         else:
             with memdoctor.watch(model, optimizer):
                 case.loop(model, optimizer, True)

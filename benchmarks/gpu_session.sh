@@ -130,8 +130,10 @@ elif [ "$part" = 7 ]; then
     lane 0 estimate_accuracy python benchmarks/estimate_accuracy.py --time-budget 400 &
     wait
 elif [ "$part" = 8 ]; then
-    # all 54 in fresh processes: both GPUs measure side by side (pass 9, one GPU, measured 44)
-    ( export CUDA_VISIBLE_DEVICES=0,1; python benchmarks/estimate_accuracy.py --gpus 2 --time-budget 500 \
+    # all 54 in fresh processes: both GPUs measure side by side (pass 9, one GPU, measured 44);
+    # then the checkpoint early-stop failure under watch, its two suspects apart
+    ( export CUDA_VISIBLE_DEVICES=0,1; python benchmarks/estimate_accuracy.py --gpus 2 --time-budget 420 \
         > "$OUT/estimate_accuracy.log" 2>&1 )
+    lane 0 chunked_ce_probe python benchmarks/chunked_ce_cuda_probe.py
 fi
 tail -n 3 "$OUT"/*.log
