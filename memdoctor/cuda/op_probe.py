@@ -28,18 +28,20 @@ PROBED_OPS = frozenset(op for op in (getattr(aten.convolution, "default", None),
 
 
 def spec_of(args, kwargs) -> tuple:
-    """A hashable description of an op's arguments: tensors by shape, stride, dtype and
-    offset (never their data), everything else as it is."""
+    """(key, tree): a hashable description of an op's arguments - tensors by shape, stride,
+    dtype and offset (never their data), everything else as it is - and their structure."""
     leaves, tree = tree_flatten((args, kwargs or {}))
     out = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             out.append(("tensor", tuple(leaf.shape), tuple(leaf.stride()), str(leaf.dtype).replace("torch.", ""),
                         leaf.storage_offset()))
-        elif isinstance(leaf, (int, float, bool, str, type(None))):
-            out.append(("value", leaf))
         else:
-            out.append(("value", repr(leaf)))
+            try:
+                hash(leaf)
+            except TypeError:
+                leaf = ("unhashable", repr(leaf))     # not in a convolution's arguments
+            out.append(("value", leaf))
     return (str(tree), tuple(out)), tree
 
 
