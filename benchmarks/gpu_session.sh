@@ -131,9 +131,12 @@ elif [ "$part" = 7 ]; then
     wait
 elif [ "$part" = 8 ]; then
     # all 54 in fresh processes: both GPUs measure side by side (pass 9, one GPU, measured 44);
-    # then the checkpoint early-stop failure under watch, its two suspects apart
+    # then the checkpoint early-stop failure under watch, its two suspects apart, and the kernel
+    # scratch rules against the kernels themselves
     ( export CUDA_VISIBLE_DEVICES=0,1; python benchmarks/estimate_accuracy.py --gpus 2 --time-budget 420 \
         > "$OUT/estimate_accuracy.log" 2>&1 )
-    lane 0 chunked_ce_probe python benchmarks/chunked_ce_cuda_probe.py
+    lane 0 chunked_ce_probe python benchmarks/chunked_ce_cuda_probe.py &
+    lane 1 estimate_gpu_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_estimate_gpu.py &
+    wait
 fi
 tail -n 3 "$OUT"/*.log

@@ -63,3 +63,53 @@ def test_resnet50_estimate_with_measured_workspaces_meets_the_gpu():
           f"reserved {reserved} predicted {est.peak_reserved_bytes}")
     assert abs(est.peak_allocated_bytes - allocated) <= 0.01 * allocated
     assert abs(est.peak_reserved_bytes - reserved) <= 0.04 * reserved
+
+
+def _gpu_scratch(func, *args):
+    """What `func(*args)` took and gave back inside the call on this GPU."""
+    from memdoctor.cuda.op_probe import scratch_from_trace
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=100_000)
+    try:
+        out = func(*args)
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    del out
+    return sorted(s.nbytes for s in scratch_from_trace(snap["device_traces"][torch.cuda.current_device()]))
+
+
+def _rule(func, *args):
+    from memdoctor.cuda.kernel_scratch import Gpu, scratch_for
+    return sorted(s.nbytes for s in scratch_for(func, args, {}, Gpu.local()) if "cub" not in s.label)
+
+
+def _includes(bigger: list, smaller: list) -> list:
+    """What is left of `bigger` after taking out every item of `smaller` (None if one is missing)."""
+    left = list(bigger)
+    for n in smaller:
+        if n not in left:
+            return None
+        left.remove(n)
+    return left
+
+
+def test_kernel_scratch_rules_match_this_gpu():
+    """The rules of memdoctor.cuda.kernel_scratch against the kernels themselves, on this GPU."""
+    g = torch.randn(12608, 3072, device="cuda")
+    assert _gpu_scratch(aten.sum.dim_IntList, g, [0]) == _rule(aten.sum.dim_IntList, g, [0])
+
+    q = torch.randn(8, 16, 1024, 64, device="cuda")
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, q, q, None, True)
+    grad = torch.randn_like(out)
+    args = (grad, q, q, q, None, out, lse, seed, offset, 0.0, [True, True, True, False], False)
+    assert _gpu_scratch(aten._scaled_dot_product_efficient_attention_backward.default, *args) == \
+        _rule(aten._scaled_dot_product_efficient_attention_backward.default, *args)
+
+    # embedding backward: every rule size is there; what is left is cub's temporaries (small)
+    grad = torch.randn(8, 1024, 1024, device="cuda")
+    idx = torch.randint(0, 50257, (8, 1024), device="cuda")
+    left = _includes(_gpu_scratch(aten.embedding_dense_backward.default, grad, idx, 50257, -1, False),
+                     _rule(aten.embedding_dense_backward.default, grad, idx, 50257, -1, False))
+    assert left is not None and len(left) <= 3 and all(n < 1024 * 1024 for n in left)
