@@ -119,10 +119,23 @@ class ConvProbe:
         self.uses.append((before, after, key))
 
     def measure(self, device: str | torch.device = "cuda") -> dict[tuple, list[Scratch]]:
+        """Each distinct convolution's scratch; one measured before in this process on the
+        same GPU is not run again (the planner estimates the same layers many times)."""
+        device = torch.device(device)
+        gpu = device.index if device.index is not None else torch.cuda.current_device()
         got = {}
+        ran = False
         try:
             for key, (func, tree) in self.keys.items():
-                got[key] = probe(func, key, tree, device)
+                if (gpu, key) not in MEASURED:
+                    MEASURED[(gpu, key)] = probe(func, key, tree, device)
+                    ran = True
+                got[key] = MEASURED[(gpu, key)]
         finally:
-            torch.cuda.empty_cache()
+            if ran:
+                torch.cuda.empty_cache()
         return got
+
+
+# (GPU index, spec_of key) -> the scratch measured there, for this process's lifetime
+MEASURED: dict[tuple, list[Scratch]] = {}
