@@ -27,17 +27,14 @@ for path in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(path))
 
 import torch  # noqa: E402
-from estimate_accuracy import _reset_cuda  # noqa: E402
+from estimate_accuracy import MODELS, MODES, _reset_cuda  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
-MODES = {"fp32": None, "bf16": "bf16", "ckpt": "ckpt=full"}
-
-
 def parse_id(cid: str) -> dict:
+    """An estimate_accuracy configuration id ("model/mode/bBATCH") as that benchmark's job."""
     model, mode, b = cid.split("/")
-    seq = {"resnet50": None, "vit-b16": None, "bert-base": 512, "bert-large": 512,
-           "llama-1b": 2048}.get(model, 1024)
+    seq = next(seq for name, seq, _ in MODELS if name == model)
     return {"id": cid, "model": model, "mode": mode, "plan": MODES[mode], "batch": int(b[1:]), "seq": seq}
 
 

@@ -415,12 +415,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{gib(r.get('measured_reserved_bytes')):>7} GiB reserved  ({r['measure_seconds']} s)"
               + (f"  {r['status']}" if r.get("status") else ""), flush=True)
 
-    if measure_gpu and args.gpus > 1 and not args.same_process:
+    side_by_side = measure_gpu and args.gpus > 1 and not args.same_process
+    if side_by_side:
         lanes = [rows[i::args.gpus] for i in range(args.gpus)]
         with cf.ThreadPoolExecutor(max_workers=args.gpus) as lanes_pool:
             list(lanes_pool.map(lambda g: [measure_row(r, g) for r in lanes[g]], range(args.gpus)))
     for r in rows:
-        if measure_gpu and not (args.gpus > 1 and not args.same_process):
+        if measure_gpu and not side_by_side:
             measure_row(r, None)
         if pool is None:        # in-process predictions
             if time.perf_counter() > deadline - 10:

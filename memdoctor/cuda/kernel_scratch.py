@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .reduce_scratch import reduction_scratch_bytes
+from .reduce_scratch import _div_up, reduction_scratch_bytes
 
 aten = torch.ops.aten
 
@@ -61,10 +61,6 @@ class Scratch:
     label: str
     before_outputs: bool = False    # allocated before the op's outputs (else after them)
     held: bool = True               # kept until the op returns (else freed before the next one)
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _acc_bytes(dtype: torch.dtype) -> int:
@@ -115,9 +111,9 @@ def _efficient_attention_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
     per_query = b * h * m * 4
     out.append(Scratch(per_query, "attention backward: delta"))
     out.append(Scratch(per_query, "attention backward: per-query temporary"))
-    kmax = 64 if k <= 64 else _ceil_div(k, 64) * 64
+    kmax = 64 if k <= 64 else _div_up(k, 64) * 64
     tile = 64 * kmax
-    out.append(Scratch(b * h * _ceil_div(m, 64) * (4 + tile) * 4, "attention backward: grad_q workspace"))
+    out.append(Scratch(b * h * _div_up(m, 64) * (4 + tile) * 4, "attention backward: grad_q workspace"))
     return out
 
 
