@@ -31,7 +31,9 @@ if str(ROOT) not in sys.path:
 VARIANTS = ("memdoctor-watched", "checkpoint-watched", "checkpoint-unwatched", "checkpoint-noearlystop-watched",
             "checkpoint-reentrant-watched",
             # which part of the watch: its dispatch source, or torch's own allocator history alone
-            "checkpoint-dispatch-watched", "checkpoint-history-unwatched")
+            "checkpoint-dispatch-watched", "checkpoint-history-unwatched",
+            # torch's history with Python stacks at allocations only (what the watch records since)
+            "checkpoint-history-alloc-unwatched")
 
 
 def checkpointed_chunked_ce(hidden, weight, targets, chunks=8, reentrant=False, early_stop=True):
@@ -64,8 +66,9 @@ def child(variant: str) -> dict:
     model, optimizer = case.build()
     model.to(device)
     try:
-        if variant == "checkpoint-history-unwatched" and device == "cuda":
-            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+        if variant.startswith("checkpoint-history") and device == "cuda":
+            context = "alloc" if "-alloc-" in variant else "all"
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=context, stacks="python")
             try:
                 case.loop(model, optimizer, True)
             finally:

@@ -10,6 +10,8 @@
 #   bash benchmarks/gpu_session.sh 6    # the estimate after pass 6 (allocator segments, kernel scratch)
 #   bash benchmarks/gpu_session.sh 7    # the estimate with cuDNN's workspaces measured on the GPU
 #   bash benchmarks/gpu_session.sh 8    # the accuracy table, each configuration measured in a fresh process
+#   bash benchmarks/gpu_session.sh 9    # what pass 10 left: traces of the reserved misses, attention scratch
+#   bash benchmarks/gpu_session.sh 10   # whether recording changes the reserved peak; the table again
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -138,5 +140,35 @@ elif [ "$part" = 8 ]; then
     lane 0 chunked_ce_probe python benchmarks/chunked_ce_cuda_probe.py &
     lane 1 estimate_gpu_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_estimate_gpu.py &
     wait
+elif [ "$part" = 9 ]; then
+    # the GPU suite; the allocator's traces of the six configurations whose reserved peak pass 10
+    # under-estimated, each in a fresh process as measured; memory-efficient attention backward's
+    # scratch per q/k/v layout with C++ frames; the checkpoint early stop with stacks at allocations only
+    lane 0 gpu_tests python -m pytest -q -s -m gpu -p no:cacheprovider tests --ignore tests/gpu/test_zero_gpu.py &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        for id in vit-b16/bf16/b256 gpt2-1.5b/ckpt/b4 gpt2-1.5b/bf16/b10 gpt2-774m/ckpt/b4 bert-base/ckpt/b96 \
+                llama-1b/ckpt/b2; do
+            python benchmarks/allocator_trace_capture.py --out "$OUT/traces" $id
+        done > "$OUT/allocator_traces.log" 2>&1
+        lane 1 attention_scratch python benchmarks/attention_scratch_probe.py
+        lane 1 chunked_ce_probe python benchmarks/chunked_ce_cuda_probe.py
+    ) &
+    wait
+    tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"
+elif [ "$part" = 10 ]; then
+    # pass 11's traces, recorded with torch's allocator history and a per-op log, reserved what
+    # the estimate predicts where the plain fresh processes of pass 10 reserved more: each
+    # condition in fresh processes, plain twice; the attention rule measured again; the table
+    (
+        lane 0 estimate_gpu_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_estimate_gpu.py
+        lane 0 conditions_0 env CONDITIONS_TAG=_0 timeout 170 python benchmarks/measure_conditions.py \
+            gpt2-774m/ckpt/b4 bert-base/ckpt/b96
+    ) &
+    lane 1 conditions_1 env CONDITIONS_TAG=_1 timeout 190 python benchmarks/measure_conditions.py \
+        vit-b16/bf16/b256 gpt2-1.5b/bf16/b10 &
+    wait
+    ( export CUDA_VISIBLE_DEVICES=0,1; python benchmarks/estimate_accuracy.py --gpus 2 --time-budget 320 \
+        > "$OUT/estimate_accuracy.log" 2>&1 )
 fi
 tail -n 3 "$OUT"/*.log

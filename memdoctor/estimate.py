@@ -666,23 +666,24 @@ def _workspace_events(watch: _KernelWatch, sm90: bool) -> list[tuple]:
 
 
 def _scratch_events(watch: _KernelWatch) -> list[tuple]:
-    """Each op's kernel scratch: allocated before or after its outputs and freed, last
-    first, once the op is done (events for _insert_events)."""
+    """Each op's kernel scratch: allocated before or after its outputs, each freed once the
+    scratch allocations it outlives are made, or, last first, once the op is done (events
+    for _insert_events)."""
     events: list[tuple] = []
     count = 0
     for before, after, scratch in watch.scratch:
-        keys = []
-        for s in scratch:
-            key = ("scratch", count)
-            count += 1
+        keys = [("scratch", count + i) for i in range(len(scratch))]
+        count += len(scratch)
+        for j, s in enumerate(scratch):
             pos = before if s.before_outputs else after
-            events.append((pos, "alloc", key, s.nbytes, s.label, Category.TEMPORARIES.value))
-            if s.held:
-                keys.append(key)
-            else:
-                events.append((pos, "free", key, 0, "", ""))
-        for key in reversed(keys):
-            events.append((after, "free", key, 0, "", ""))
+            events.append((pos, "alloc", keys[j], s.nbytes, s.label, Category.TEMPORARIES.value))
+            for i in range(j, -1, -1):
+                if scratch[i].outlives is not None and i + scratch[i].outlives == j:
+                    events.append((pos, "free", keys[i], 0, "", ""))
+        for i in range(len(scratch) - 1, -1, -1):
+            o = scratch[i].outlives
+            if o is None or i + o >= len(scratch):
+                events.append((after, "free", keys[i], 0, "", ""))
     return events
 
 

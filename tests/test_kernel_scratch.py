@@ -37,19 +37,26 @@ def test_small_reductions_take_nothing():
 
 
 def test_efficient_attention_backward_measured_on_the_h200():
-    # GPT-2 355M batch 8: B=8, H=16, M=1024, K=64, fp32; the output gradient arrives as a
-    # contiguous [B, H, M, K] and is copied to [B, M, H, K] before the outputs
-    q = meta(8, 16, 1024, 64)
+    # B=8, H=16, M=1024, K=64 as benchmarks/attention_scratch_probe.py ran it (results/gpu/h200x2_pass11):
+    # fp32 with the output gradient laid out as the forward's output ([B, M, H, K] in memory):
+    # the fp32 product grad_out * out, the sum, delta, then the grad_q workspace
     lse = meta(8, 16, 1024)
-    got = scratch_for(aten._scaled_dot_product_efficient_attention_backward.default, (q, q, q, q, None, q, lse),
-                      {}, H200)
-    assert sizes(got) == [33554432, 524288, 524288, 33587200]
-    assert [s.before_outputs for s in got] == [True, False, False, False]
-    # laid out as the kernel reads it: no copy
     go = meta(8, 1024, 16, 64).transpose(1, 2)
-    got = scratch_for(aten._scaled_dot_product_efficient_attention_backward.default, (go, q, q, q, None, q, lse),
-                      {}, H200)
-    assert sizes(got) == [524288, 524288, 33587200]
+    q = meta(8, 16, 1024, 64)
+    args = (go, q, q, q, None, go, lse)
+    got = scratch_for(aten._scaled_dot_product_efficient_attention_backward.default, args, {}, H200)
+    assert [(s.nbytes, s.before_outputs, s.outlives) for s in got] == \
+        [(33554432, False, 2), (524288, False, 1), (524288, False, None), (33587200, False, None)]
+    # a contiguous [B, H, M, K] gradient is first copied, before the outputs
+    got = scratch_for(aten._scaled_dot_product_efficient_attention_backward.default, (q,) + args[1:], {}, H200)
+    assert sizes(got) == [33554432, 33554432, 524288, 524288, 33587200]
+    assert [s.before_outputs for s in got] == [True, False, False, False, False]
+    # bf16: the kernel computes delta itself
+    go16 = meta(8, 1024, 16, 64, dtype=torch.bfloat16).transpose(1, 2)
+    q16 = meta(8, 16, 1024, 64, dtype=torch.bfloat16)
+    got = scratch_for(aten._scaled_dot_product_efficient_attention_backward.default,
+                      (go16, q16, q16, q16, None, go16, lse), {}, H200)
+    assert sizes(got) == [524288, 33587200]
     # ViT-B/16 batch 64: 197 tokens, the workspace padded to 4 blocks of 64 queries
     q = meta(64, 12, 197, 64)
     got = scratch_for(aten._scaled_dot_product_efficient_attention_backward.default,
@@ -95,13 +102,21 @@ def test_scratch_is_what_a_call_freed_in_order():
              {"action": "alloc", "addr": 2, "size": 32112656},
              {"action": "free_completed", "addr": 2, "size": 32112656}]
     got = scratch_from_trace(trace)
-    assert [(s.nbytes, s.before_outputs, s.held) for s in got] == [(32112656, False, False), (32112656, False, False)]
+    assert [(s.nbytes, s.before_outputs, s.outlives) for s in got] == [(32112656, False, 0), (32112656, False, 0)]
     # a copy made before the output and kept until the end, then a workspace
     trace = [{"action": "alloc", "addr": 9, "size": 1000}, {"action": "alloc", "addr": 1, "size": 64},
              {"action": "alloc", "addr": 2, "size": 500}, {"action": "free_completed", "addr": 2, "size": 500},
              {"action": "free_completed", "addr": 9, "size": 1000}]
     got = scratch_from_trace(trace)
-    assert [(s.nbytes, s.before_outputs, s.held) for s in got] == [(1000, True, True), (500, False, False)]
+    assert [(s.nbytes, s.before_outputs, s.outlives) for s in got] == [(1000, True, None), (500, False, 0)]
+    # a C++ temporary that outlives the next two allocations (attention backward's delta in fp32)
+    trace = [{"action": "alloc", "addr": 1, "size": 64}, {"action": "alloc", "addr": 2, "size": 4096},
+             {"action": "alloc", "addr": 3, "size": 16}, {"action": "alloc", "addr": 4, "size": 16},
+             {"action": "free_completed", "addr": 3, "size": 16}, {"action": "free_completed", "addr": 2, "size": 4096},
+             {"action": "alloc", "addr": 5, "size": 8192}, {"action": "free_completed", "addr": 5, "size": 8192},
+             {"action": "free_completed", "addr": 4, "size": 16}]
+    got = scratch_from_trace(trace)
+    assert [(s.nbytes, s.outlives) for s in got] == [(4096, 2), (16, 1), (16, None), (8192, 0)]
 
 
 def test_a_convolution_is_described_by_shapes_never_data():
@@ -120,10 +135,22 @@ def test_scratch_freed_at_once_is_freed_before_the_next_in_the_run():
     from memdoctor.cuda.kernel_scratch import Scratch
     from memdoctor.estimate import _scratch_events
     class W:
-        scratch = [(5, 7, [Scratch(100, "a", held=False), Scratch(200, "b", held=False), Scratch(50, "c")])]
+        scratch = [(5, 7, [Scratch(100, "a", outlives=0), Scratch(200, "b", outlives=0), Scratch(50, "c")])]
     events = _scratch_events(W())
     assert [(e[0], e[1], e[3]) for e in events] == [(7, "alloc", 100), (7, "free", 0), (7, "alloc", 200),
                                                     (7, "free", 0), (7, "alloc", 50), (7, "free", 0)]
+
+
+def test_scratch_freed_after_what_it_outlives():
+    from memdoctor.cuda.kernel_scratch import Scratch
+    from memdoctor.estimate import _scratch_events
+    class W:    # fp32 attention backward's delta: product, sum, delta, then the workspace
+        scratch = [(5, 7, [Scratch(4096, "product", outlives=2), Scratch(16, "sum", outlives=1),
+                           Scratch(16, "delta"), Scratch(8192, "workspace", outlives=0)])]
+    events = _scratch_events(W())
+    got = [(e[1], e[2][1]) for e in events]
+    assert got == [("alloc", 0), ("alloc", 1), ("alloc", 2), ("free", 1), ("free", 0),
+                   ("alloc", 3), ("free", 3), ("free", 2)]
 
 
 def test_embedding_backward_measured_on_the_h200():

@@ -34,7 +34,9 @@ class AllocatorSource:
         if self.budget is not None:
             cap_cuda(self.budget, self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
+        # stacks at allocations only: gathering Python frames at frees broke
+        # torch.utils.checkpoint's early stop (its exception was lost while tensors were freed)
+        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context="alloc", stacks="python")
         self.rec.claims = []
         self.rec.on_mark = self._stamp
         self._stamp(len(self.rec.run.marks) - 1)

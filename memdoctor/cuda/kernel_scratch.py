@@ -11,10 +11,13 @@ benchmarks/results/gpu/h200x2_pass6 (`benchmarks/allocator_trace_capture.py`):
 - reductions (sum, mean over some dims): the global staging buffer and semaphores of
   Reduce.cuh, when the reduction is split across blocks (memdoctor.cuda.reduce_scratch);
 - memory-efficient attention backward: a contiguous copy of the output gradient (when it
-  is not already laid out as the kernel reads it), `delta` and a transient of the same
-  size (fp32, one value per query), and the split-key workspace for grad_q (a lock header
-  and a 64 x 64 fp32 tile per 64 queries, per batch and head; head dims over 64, measured
-  on none, take tiles as wide as the head dim rounded up to 64);
+  is not already laid out as the kernel reads it); `delta` (fp32, one value per query),
+  which fp16/bf16 kernels compute themselves and fp32 ones get from ATen ops,
+  (grad_out * out).sum(-1).transpose(-2, -1).contiguous(), with an fp32 product as large as
+  the output and the sum as temporaries; and the split-key workspace for grad_q (a lock
+  header and a 64 x 64 fp32 tile per 64 queries, per batch and head; head dims over 64,
+  measured on none, take tiles as wide as the head dim rounded up to 64). Checked on the
+  H200 for four q/k/v layouts (benchmarks/attention_scratch_probe.py);
 - cuDNN attention: 256 bytes in forward; in backward an fp32 grad_q accumulator plus one
   fp32 value per query, and 256 bytes, per batch and head;
 - embedding backward (more than 3072 indices): the sort, segment and per-segment gradient
@@ -60,7 +63,8 @@ class Scratch:
     nbytes: int
     label: str
     before_outputs: bool = False    # allocated before the op's outputs (else after them)
-    held: bool = True               # kept until the op returns (else freed before the next one)
+    outlives: int | None = None     # how many of the op's next scratch allocations are made
+                                    # before it is freed (None: kept until the op returns)
 
 
 def _acc_bytes(dtype: torch.dtype) -> int:
@@ -109,8 +113,11 @@ def _efficient_attention_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
         out.append(Scratch(grad_out.numel() * grad_out.element_size(), "attention: contiguous output gradient",
                            before_outputs=True))
     per_query = b * h * m * 4
+    if grad_out.dtype not in (torch.float16, torch.bfloat16):
+        # C++ temporaries: the product and the sum are freed at the end of the expression
+        out.append(Scratch(grad_out.numel() * 4, "attention backward: grad_out * out for delta", outlives=2))
+        out.append(Scratch(per_query, "attention backward: delta before transposing", outlives=1))
     out.append(Scratch(per_query, "attention backward: delta"))
-    out.append(Scratch(per_query, "attention backward: per-query temporary"))
     kmax = 64 if k <= 64 else _div_up(k, 64) * 64
     tile = 64 * kmax
     out.append(Scratch(b * h * _div_up(m, 64) * (4 + tile) * 4, "attention backward: grad_q workspace"))
@@ -148,18 +155,18 @@ def _embedding_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
     label = "embedding backward: "
     return [Scratch(n * idx, label + "sorted indices", before_outputs=True),
             Scratch(n * idx, label + "original indices", before_outputs=True),
-            Scratch(n * idx, label + "index range", before_outputs=True, held=False),
-            Scratch(2 * n * idx + 18432, label + "cub sort temporary", before_outputs=True, held=False),
+            Scratch(n * idx, label + "index range", before_outputs=True, outlives=0),
+            Scratch(2 * n * idx + 18432, label + "cub sort temporary", before_outputs=True, outlives=0),
             Scratch(n * idx, label + "segment offsets"),
             Scratch(8, label + "segment count"),
             Scratch(segments * idx, label + "partials per segment"),
-            Scratch(1279, label + "cub scan temporary", held=False),
+            Scratch(1279, label + "cub scan temporary", outlives=0),
             Scratch(segments * idx, label + "partial offsets per segment"),
             Scratch(n * idx, label + "segment sizes"),
-            Scratch(1279, label + "cub scan temporary", held=False),
+            Scratch(1279, label + "cub scan temporary", outlives=0),
             Scratch(8, label + "partial segment count"),
             Scratch(partial * idx, label + "partial segment offsets"),
-            Scratch(partial * grad.size(-1) * acc, label + "gradient rows per partial segment", held=False)]
+            Scratch(partial * grad.size(-1) * acc, label + "gradient rows per partial segment", outlives=0)]
 
 
 def _rules() -> dict:

@@ -60,8 +60,7 @@ def _materialize(leaves: tuple, device: torch.device) -> list[Any]:
 
 def probe(func, key: tuple, tree, device: str | torch.device = "cuda") -> list[Scratch]:
     """Run `func` once on uninitialised tensors described by `key` (from spec_of) and return
-    the allocations it freed before returning, in order; each is freed before the next
-    one is made unless it is marked held."""
+    the allocations it freed before returning, in order, with how long each lived."""
     device = torch.device(device)
     _, leaves = key
     args, kwargs = tree_unflatten(_materialize(leaves, device), tree)
@@ -82,7 +81,7 @@ def probe(func, key: tuple, tree, device: str | torch.device = "cuda") -> list[S
 def scratch_from_trace(trace: list[dict]) -> list[Scratch]:
     """The allocations of an allocator trace that were freed within it, in order: those
     made before the first allocation that lived on (an output) are marked before_outputs,
-    those still allocated when the next one was made are marked held."""
+    each says how many of the later ones were made before it was freed (None: all)."""
     allocs: list[list] = []         # [size, made at, freed at]
     live: dict[int, list] = {}
     for i, e in enumerate(trace):
@@ -98,9 +97,12 @@ def scratch_from_trace(trace: list[dict]) -> list[Scratch]:
     freed = [r for r in allocs if r[2] is not None]
     out = []
     for n, (size, made, freed_at) in enumerate(freed):
-        held = n + 1 < len(freed) and freed[n + 1][1] < freed_at
+        later = freed[n + 1:]
+        outlives = sum(1 for _, m, _ in later if m < freed_at)
+        kept = outlives == len(later) and any(made < m < freed_at for _, m, _ in allocs)
         before = first_output is not None and made < first_output
-        out.append(Scratch(size, "cuDNN convolution workspace", before_outputs=before, held=held))
+        out.append(Scratch(size, "cuDNN convolution workspace", before_outputs=before,
+                           outlives=None if kept else outlives))
     return out
 
 

@@ -72,7 +72,8 @@ def test_resnet50_estimate_with_measured_workspaces_meets_the_gpu():
 
 
 def _gpu_scratch(func, *args):
-    """What `func(*args)` took and gave back inside the call on this GPU."""
+    """What `func(*args)` took and gave back inside the call on this GPU, in order: (bytes,
+    made before the outputs)."""
     from memdoctor.cuda.op_probe import scratch_from_trace
     torch.cuda.synchronize()
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=100_000)
@@ -83,12 +84,13 @@ def _gpu_scratch(func, *args):
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     del out
-    return sorted(s.nbytes for s in scratch_from_trace(snap["device_traces"][torch.cuda.current_device()]))
+    return [(s.nbytes, s.before_outputs)
+            for s in scratch_from_trace(snap["device_traces"][torch.cuda.current_device()])]
 
 
 def _rule(func, *args):
     from memdoctor.cuda.kernel_scratch import Gpu, scratch_for
-    return sorted(s.nbytes for s in scratch_for(func, args, {}, Gpu.local()) if "cub" not in s.label)
+    return [(s.nbytes, s.before_outputs) for s in scratch_for(func, args, {}, Gpu.local()) if "cub" not in s.label]
 
 
 def _includes(bigger: list, smaller: list) -> list:
@@ -106,16 +108,20 @@ def test_kernel_scratch_rules_match_this_gpu():
     g = torch.randn(12608, 3072, device="cuda")
     assert _gpu_scratch(aten.sum.dim_IntList, g, [0]) == _rule(aten.sum.dim_IntList, g, [0])
 
-    q = torch.randn(8, 16, 1024, 64, device="cuda")
-    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, q, q, None, True)
-    grad = torch.randn_like(out)
-    args = (grad, q, q, q, None, out, lse, seed, offset, 0.0, [True, True, True, False], False)
-    assert _gpu_scratch(aten._scaled_dot_product_efficient_attention_backward.default, *args) == \
-        _rule(aten._scaled_dot_product_efficient_attention_backward.default, *args)
+    # memory-efficient attention backward, fp32 and bf16, with the output gradient laid out as
+    # the forward's output and as a contiguous [B, H, M, K] (copied first)
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.randn(8, 16, 1024, 64, device="cuda", dtype=dtype)
+        out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, q, q, None, True)
+        for grad in (torch.randn_like(out), torch.randn(8, 16, 1024, 64, device="cuda", dtype=dtype)):
+            args = (grad, q, q, q, None, out, lse, seed, offset, 0.0, [True, True, True, False], False)
+            assert _gpu_scratch(aten._scaled_dot_product_efficient_attention_backward.default, *args) == \
+                _rule(aten._scaled_dot_product_efficient_attention_backward.default, *args), (dtype, grad.stride())
 
     # embedding backward: every rule size is there; what is left is cub's temporaries (small)
     grad = torch.randn(8, 1024, 1024, device="cuda")
     idx = torch.randint(0, 50257, (8, 1024), device="cuda")
-    left = _includes(_gpu_scratch(aten.embedding_dense_backward.default, grad, idx, 50257, -1, False),
-                     _rule(aten.embedding_dense_backward.default, grad, idx, 50257, -1, False))
-    assert left is not None and len(left) <= 3 and all(n < 1024 * 1024 for n in left)
+    got = sorted(n for n, _ in _gpu_scratch(aten.embedding_dense_backward.default, grad, idx, 50257, -1, False))
+    rule = sorted(n for n, _ in _rule(aten.embedding_dense_backward.default, grad, idx, 50257, -1, False))
+    left = _includes(got, rule)
+    assert left is not None and len(left) <= 3 and all(n < 1024 * 1024 for n in left), (got, rule)
