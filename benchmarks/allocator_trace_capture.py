@@ -14,6 +14,7 @@ For each configuration it writes `<id>.json` (slashes as underscores) with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -63,15 +64,23 @@ class OpLog(TorchDispatchMode):
         return out
 
 
-def measure(job: dict) -> dict:
+def _frames(entry: dict) -> list[str]:
+    """An allocation's innermost frames past the allocator's own (C++ and Python)."""
+    names = [f.get("name", "") + (f":{f['line']}" if f.get("filename", "").endswith(".py") else "")
+             for f in entry.get("frames") or ()]
+    skip = ("unwind", "gather", "c10::", "Allocator", "at::detail::empty", "at::empty", "at::native::empty")
+    return [n[:160] for n in names if n and not any(k in n for k in skip)][:8]
+
+
+def measure(job: dict, oplog: bool = True, frames: bool = False) -> dict:
     from memdoctor.estimate import train_step
     from memdoctor.estimate_models import get
     from memdoctor.remedies import prepare
     _reset_cuda()
     torch.cuda.reset_peak_memory_stats()
     build = get(job["model"]).builder(batch=job["batch"], seq=job["seq"])
-    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                             max_entries=3_000_000)
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc" if frames else None,
+                                             stacks="all" if frames else "python", max_entries=3_000_000)
     base = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
     with torch.device("cuda"):
         model, optimizer, batch, loss_fn = build()
@@ -80,13 +89,14 @@ def measure(job: dict) -> dict:
         prepared = prepare(model, optimizer, job["plan"], device_type="cuda")
         optimizer = prepared.optimizer
     log = OpLog()
-    with log:
+    with log if oplog else contextlib.nullcontext():
         for _ in range(2):
             train_step(model, optimizer, batch, loss_fn, prepared)
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    trace = [{"action": e["action"], "addr": e["addr"], "size": e["size"], "stream": e.get("stream", 0)}
+    trace = [{"action": e["action"], "addr": e["addr"], "size": e["size"], "stream": e.get("stream", 0),
+              **({"frames": _frames(e)} if frames and e["action"] == "alloc" else {})}
              for e in snap["device_traces"][0]]
     result = {"base_alloc_count": base, "real_ops": log.ops, "real_trace": trace,
               "max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
@@ -116,6 +126,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ids", nargs="+")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--plain", action="store_true",
+                    help="no per-op log: a Python dispatch mode changes some allocations (pass 12)")
+    ap.add_argument("--frames", action="store_true", help="each allocation's innermost C++ and Python frames")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -124,7 +137,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         rec = {"job": job, "torch": torch.__version__,
                "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
-        for name, fn in (("measured", measure), ("predicted", predict)):
+        run = lambda job: measure(job, oplog=not args.plain, frames=args.frames)  # noqa: E731
+        for name, fn in (("measured", run), ("predicted", predict)):
             try:
                 rec[name] = fn(job)
             except Exception as exc:

@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu_session.sh 8    # the accuracy table, each configuration measured in a fresh process
 #   bash benchmarks/gpu_session.sh 9    # what pass 10 left: traces of the reserved misses, attention scratch
 #   bash benchmarks/gpu_session.sh 10   # whether recording changes the reserved peak; the table again
+#   bash benchmarks/gpu_session.sh 11   # the table with gradients summed in place as the engine does
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -168,6 +169,12 @@ elif [ "$part" = 10 ]; then
     lane 1 conditions_1 env CONDITIONS_TAG=_1 timeout 190 python benchmarks/measure_conditions.py \
         vit-b16/bf16/b256 gpt2-1.5b/bf16/b10 &
     wait
+    ( export CUDA_VISIBLE_DEVICES=0,1; python benchmarks/estimate_accuracy.py --gpus 2 --time-budget 320 \
+        > "$OUT/estimate_accuracy.log" 2>&1 )
+elif [ "$part" = 11 ]; then
+    # the estimate sums two gradients for one input in place, as the engine does outside a
+    # dispatch mode (pass 12); its GPU tests, then the table
+    lane 0 estimate_gpu_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_estimate_gpu.py
     ( export CUDA_VISIBLE_DEVICES=0,1; python benchmarks/estimate_accuracy.py --gpus 2 --time-budget 320 \
         > "$OUT/estimate_accuracy.log" 2>&1 )
 fi
