@@ -379,8 +379,9 @@ class _KernelWatch(TorchDispatchMode):
 
     def _note_backward_op(self, func, args, kwargs, out, before: int) -> None:
         """Note where each autograd node begins, and the additions that look like the
-        engine summing two gradients for one input: its first operand made by an earlier
-        node (the gradient already buffered), both dense and alike (_accumulate_in_place)."""
+        engine summing two gradients for one input: operands alike, the first made by an
+        earlier node (the gradient already buffered), with the dense ones it could sum into
+        (_sums_in_place)."""
         node = torch._C._current_autograd_node()
         if node is not self._node:
             self._node, self._node_start = node, before
@@ -389,12 +390,15 @@ class _KernelWatch(TorchDispatchMode):
         a, b = args
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(out, torch.Tensor)):
             return
-        if a.shape != b.shape or a.dtype != b.dtype or not (_dense(a) and _dense(b)):
+        if a.shape != b.shape or a.dtype != b.dtype:
             return
         blocks = [self._block_of(t) for t in (a, b, out)]
         if None in blocks or self.run.blocks[blocks[0]].alloc_seq >= self._node_start:
             return
-        self.accumulations.append((before, len(self.run.actions), (blocks[0], blocks[1]), blocks[2]))
+        # the engine sums into the buffered gradient if it can, else into the new one
+        into = tuple(blk for blk, t in zip(blocks[:2], (a, b)) if _dense(t))
+        if into:
+            self.accumulations.append((before, len(self.run.actions), into, blocks[2]))
 
     def _block_of(self, t: torch.Tensor) -> int | None:
         try:
@@ -408,40 +412,90 @@ def _dense(t: torch.Tensor) -> bool:
     """Whether the elements fill the storage span without gaps or overlaps, in any order
     of dimensions (TensorImpl::is_non_overlapping_and_dense)."""
     expected = 1
-    for size, stride in sorted((int(n), int(st)) for n, st in zip(t.shape, t.stride()) if n != 1):
+    for stride, size in sorted((int(st), int(n)) for n, st in zip(t.shape, t.stride()) if n != 1):
         if stride != expected:
             return False
         expected *= size
     return True
 
 
-def _accumulate_in_place(run: Run, accumulations: list) -> int:
-    """Sum two gradients for one input in place, as autograd's engine does on real tensors.
+def _sums_in_place(run: Run, accumulations: list) -> list[tuple[int, int]]:
+    """The gradient sums autograd's engine makes in place on real tensors: (sum, operand)
+    block pairs.
 
     The engine adds a gradient into the one already buffered for the same input in place
     when it holds the last reference to either (`InputBuffer::accumulate`), but never while
     a Python dispatch mode is active (`isTensorSubclassLike`), so the fake run allocated a
     new sum and then freed the operand. Measured on the H200 (pass 12): the same
-    configurations under a dispatch mode reserve up to 300 MiB less or more than plain.
-    Where the operand's free follows the sum at once, the free moves before the sum: the
-    sum takes the operand's place, as in place. Returns how many moved."""
-    moved = 0
-    for before, after, operands, out in accumulations:
-        if after != before + 1 or after >= len(run.actions):
+    configurations under a dispatch mode reserve up to 300 MiB less or more than plain, and
+    the plain traces have no allocation where the fake run has the sum. A sum counts when
+    the operand's free follows it at once: the engine held the operand's last reference.
+    Sums that become a parameter's gradient (a tied embedding and head) stay: the plain
+    traces allocate them too."""
+    pairs = []
+    for before, after, into, out in accumulations:
+        if after != before + 1 or run.actions[before] != Action.ALLOC or run.event_blocks[before] != out:
             continue
-        if run.actions[before] != Action.ALLOC or run.event_blocks[before] != out:
+        freed = set()           # what the engine let go right after the sum: its operands
+        seq = after
+        while seq < len(run.actions) and seq <= after + 1 and run.actions[seq] == Action.FREE:
+            freed.add(run.event_blocks[seq])
+            seq += 1
+        if run.blocks[out].category == Category.GRADIENTS.value:
+            continue            # a parameter's gradient (tied weights): summed anew on the GPU too
+        for operand in into:
+            if operand in freed and run.blocks[operand].nbytes == run.blocks[out].nbytes:
+                pairs.append((out, operand))
+                break
+    return pairs
+
+
+def _merge_in_place(run: Run, pairs: list[tuple[int, int]]) -> int:
+    """Make each (sum, operand) pair one block: the sum's allocation and the operand's free,
+    still apart by nothing but the other operand's free, leave the run, and the operand's
+    block lives on as the sum (its category the stronger of the two). Returns how many merged."""
+    from .run import stronger
+    survivor: dict[int, int] = {}
+    drop: set[int] = set()
+    for out, operand in pairs:
+        b_out, b_op = run.blocks.get(out), run.blocks.get(operand)
+        if b_out is None or b_op is None or b_op.free_seq is None or \
+                not 0 < b_op.free_seq - b_out.alloc_seq <= 2 or \
+                any(a != Action.FREE for a in run.actions[b_out.alloc_seq + 1:b_op.free_seq]):
             continue
-        freed = run.event_blocks[after]
-        if run.actions[after] != Action.FREE or freed not in operands:
+        keep = survivor.get(operand, operand)
+        survivor[out] = keep
+        drop.update((b_out.alloc_seq, b_op.free_seq))
+        kept = run.blocks[keep]
+        kept.category = stronger(b_out.category, kept.category)
+        if b_out.shape and not kept.shape:
+            kept.shape, kept.dtype = b_out.shape, b_out.dtype
+    if not drop:
+        return 0
+    import bisect
+    removed = sorted(drop)
+    actions, blocks_col, bytes_col = [], [], []
+    for seq, (a, bid, n) in enumerate(zip(run.actions, run.event_blocks, run.event_bytes)):
+        if seq not in drop:
+            actions.append(a)
+            blocks_col.append(survivor.get(bid, bid))
+            bytes_col.append(n)
+    run.actions, run.event_blocks, run.event_bytes = actions, blocks_col, bytes_col
+    for bid in survivor:
+        del run.blocks[bid]
+    for b in run.blocks.values():
+        b.free_seq = None
+    for seq, (a, bid) in enumerate(zip(actions, blocks_col)):
+        b = run.blocks.get(bid)
+        if b is None:
             continue
-        if run.blocks[freed].nbytes != run.blocks[out].nbytes:
-            continue
-        for col in (run.actions, run.event_blocks, run.event_bytes):
-            col[before], col[after] = col[after], col[before]
-        run.blocks[freed].free_seq = before
-        run.blocks[out].alloc_seq = after
-        moved += 1
-    return moved
+        if a == Action.ALLOC:
+            b.alloc_seq = seq
+        elif a == Action.FREE:
+            b.free_seq = seq
+    for item in (*run.marks, *run.ooms, *run.samples):
+        item.seq -= bisect.bisect_left(removed, item.seq)
+    return len(survivor)
 
 
 def _bias_1d(args, kwargs) -> bool:
@@ -602,7 +656,7 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         raise EstimateError(f"{stage} on fake tensors failed: {type(exc).__name__}: {_first_line(exc)}") from exc
     run = tracer.run
     _inputs_are_the_batch(run, batch_blocks)
-    _accumulate_in_place(run, watch.accumulations)
+    in_place = _sums_in_place(run, watch.accumulations)
     if forced_foreach:
         notes.append("optimizer foreach=None: stepped with the foreach (multi-tensor) kernels, as torch "
                      "chooses on CUDA")
@@ -640,6 +694,7 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
                          "before returning; its size is cuDNN's choice per shape, GPU and version, and is "
                          "not in the estimate without a GPU to measure it on (the reserved peak of a "
                          "convolutional network can be 5-13% higher)")
+    _merge_in_place(run, in_place)
     conf = AllocatorConfig.parse(allocator_conf if allocator_conf is not None
                                  else os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     if conf.ignored:

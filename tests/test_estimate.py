@@ -373,3 +373,115 @@ def test_cli_estimate_text_budget_and_usage(capsys, tmp_path):
     assert main(["estimate"]) == 2
     assert main(["estimate", "--model", "no-such-model"]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- gradients summed in place
+class _Twice(torch.autograd.Function):
+    """y = 2x, whose backward notes where its gradient lives."""
+    ptrs: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad * 2
+        if not isinstance(out, torch._subclasses.fake_tensor.FakeTensor):
+            _Twice.ptrs.append(out.data_ptr())
+        return out
+
+
+def _two_paths_sum(x):
+    h = x * 1.0                                     # one input that receives two gradients
+    return _Twice.apply(h) + _Twice.apply(h).sin()
+
+
+def test_the_engine_sums_two_gradients_in_place_unless_a_dispatch_mode_is_on():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def summed_into(mode) -> bool:
+        _Twice.ptrs.clear()
+        x = torch.randn(256, 256, requires_grad=True)
+        seen = []
+        with mode:
+            h = x * 1.0
+            h.register_hook(lambda g: seen.append(g.data_ptr()))
+            (_Twice.apply(h) + _Twice.apply(h).sin()).sum().backward()
+        return seen[0] in _Twice.ptrs
+    import contextlib
+    assert summed_into(contextlib.nullcontext())        # the sum took one operand's place
+    assert not summed_into(Passthrough())               # a new tensor under a dispatch mode
+
+
+def test_the_estimate_sums_two_gradients_in_place_as_the_engine_does():
+    est = estimate(lambda: nn.Linear(256, 256), None, lambda: torch.randn(256, 256),
+                   lambda m, x: _two_paths_sum(m(x)).sum(), device="cpu")
+    run = est.run
+    grad_bytes = 256 * 256 * 4
+    # the engine's sum of the two gradients for h: no block of its own in backward
+    assert not [b for b in run.blocks.values() if b.name == "aten.add" and b.phase == "backward"]
+    live = peak = 0
+    for action, nbytes in zip(run.actions, run.event_bytes):
+        live += nbytes if action == Action.ALLOC else -nbytes
+        peak = max(peak, live)
+    assert est.live_peak_bytes <= peak
+    # every block's events still pair up: allocated once, freed at most once, in order
+    for b in run.blocks.values():
+        assert run.actions[b.alloc_seq] == Action.ALLOC and run.event_blocks[b.alloc_seq] == b.id
+        if b.free_seq is not None:
+            assert b.free_seq > b.alloc_seq
+            assert run.actions[b.free_seq] == Action.FREE and run.event_blocks[b.free_seq] == b.id
+    assert grad_bytes in run.event_bytes
+
+
+class _Spread(torch.autograd.Function):
+    """A scalar forward whose backward hands its input a full-size gradient."""
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.shape = h.shape
+        return h.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.expand(ctx.shape).contiguous()
+
+
+def _plain_peak_bytes(fn) -> int:
+    """The peak of CPU bytes allocated while `fn` runs, from torch's profiler: no dispatch
+    mode, so autograd's engine behaves as in a plain training script."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def test_the_estimated_peak_of_a_gradient_sum_is_the_plain_runs():
+    # h gets two full-size gradients and nothing else is alive in backward: summed in place
+    # the peak is 2 gradients (what the plain run measures), out of place it would be 3
+    n, d = 4096, 1024
+    grad_bytes = n * d * 4
+
+    def loss(m, x):
+        h = m(x)
+        return _Spread.apply(h) + _Spread.apply(h)
+    model_fn = lambda: nn.Linear(16, d)                              # noqa: E731
+    opt_fn = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)       # noqa: E731
+    batch_fn = lambda: torch.randn(n, 16)                            # noqa: E731
+    est = estimate(model_fn, opt_fn, batch_fn, loss, device="cpu")
+    model, batch = model_fn(), batch_fn()
+    opt = opt_fn(model)
+    measured = _plain_peak_bytes(lambda: [train_step(model, opt, batch, loss) for _ in range(2)])
+    before = sum(p.numel() * 4 for p in model.parameters()) + batch.numel() * 4
+    assert abs(measured - 2 * grad_bytes) <= 1024
+    assert abs(est.live_peak_bytes - before - measured) <= 1024
