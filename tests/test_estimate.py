@@ -485,3 +485,11 @@ def test_the_estimated_peak_of_a_gradient_sum_is_the_plain_runs():
     before = sum(p.numel() * 4 for p in model.parameters()) + batch.numel() * 4
     assert abs(measured - 2 * grad_bytes) <= 1024
     assert abs(est.live_peak_bytes - before - measured) <= 1024
+
+
+def test_dense_means_no_gaps_or_overlaps_in_any_dimension_order():
+    from memdoctor.estimate import _dense
+    assert _dense(torch.empty(1, 128, 768)) and _dense(torch.empty(4, 5).t())
+    assert _dense(torch.empty(2, 3, 4).permute(2, 0, 1))
+    assert not _dense(torch.empty(4, 5)[:, :3])              # gaps
+    assert not _dense(torch.empty(5).expand(3, 5))           # overlaps (stride 0)

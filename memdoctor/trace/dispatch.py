@@ -3,6 +3,11 @@
 
 The hot path does one dict lookup per output tensor; everything else (names, phases) is
 cached or read from the Recorder's current state.
+
+A dispatch mode changes one thing in the run it watches: autograd's engine then sums two
+gradients for one input into a new tensor, where a plain run sums into one of them in place
+(measured on the H200, benchmarks/results/gpu/h200x2_pass12). A run recorded here holds
+those sums; the CUDA allocator source has no dispatch mode and sees the plain run.
 """
 from __future__ import annotations
 
