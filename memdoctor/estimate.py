@@ -341,7 +341,8 @@ class _KernelWatch(TorchDispatchMode):
     """Note where the first cuBLAS (and cuBLASLt) call of each thread happens (the event
     index just after the op's outputs were allocated), and, with a `gpu`, the scratch
     memory each op's CUDA kernel would take (memdoctor.cuda.kernel_scratch) with the event
-    indices before and after the op; with a `conv_probe`, the convolutions to measure."""
+    indices before and after the op; with a `conv_probe`, the convolutions to measure; and
+    the gradient sums autograd makes in place outside a dispatch mode (_sums_in_place)."""
 
     def __init__(self, recorder, gpu=None, conv_probe=None):
         super().__init__()
@@ -352,7 +353,7 @@ class _KernelWatch(TorchDispatchMode):
         self.blas: dict[str, int] = {}
         self.lt: dict[str, int] = {}
         self.scratch: list[tuple[int, int, list]] = []
-        self.accumulations: list[tuple[int, int, tuple[int, int], int]] = []
+        self.accumulations: list[tuple[int, int, tuple[int, ...], int]] = []
         self._node = None
         self._node_start = 0
 
@@ -375,7 +376,6 @@ class _KernelWatch(TorchDispatchMode):
         if self.conv_probe is not None:
             self.conv_probe.note(func, args, kwargs, before, len(self.run.actions))
         return out
-
 
     def _note_backward_op(self, func, args, kwargs, out, before: int) -> None:
         """Note where each autograd node begins, and the additions that look like the
@@ -436,13 +436,13 @@ def _sums_in_place(run: Run, accumulations: list) -> list[tuple[int, int]]:
     for before, after, into, out in accumulations:
         if after != before + 1 or run.actions[before] != Action.ALLOC or run.event_blocks[before] != out:
             continue
+        if run.blocks[out].category == Category.GRADIENTS.value:
+            continue            # a parameter's gradient (tied weights): a plain run sums it anew too
         freed = set()           # what the engine let go right after the sum: its operands
         seq = after
         while seq < len(run.actions) and seq <= after + 1 and run.actions[seq] == Action.FREE:
             freed.add(run.event_blocks[seq])
             seq += 1
-        if run.blocks[out].category == Category.GRADIENTS.value:
-            continue            # a parameter's gradient (tied weights): summed anew on the GPU too
         for operand in into:
             if operand in freed and run.blocks[operand].nbytes == run.blocks[out].nbytes:
                 pairs.append((out, operand))
