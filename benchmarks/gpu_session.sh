@@ -12,7 +12,7 @@
 #   bash benchmarks/gpu_session.sh 8    # the accuracy table, each configuration measured in a fresh process
 #   bash benchmarks/gpu_session.sh 9    # what pass 10 left: traces of the reserved misses, attention scratch
 #   bash benchmarks/gpu_session.sh 10   # whether recording changes the reserved peak; the table again
-#   bash benchmarks/gpu_session.sh 11   # the table with gradients summed in place as the engine does
+#   bash benchmarks/gpu_session.sh 11   # the table with gradient sums merged in place as the engine makes them
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -172,10 +172,12 @@ elif [ "$part" = 10 ]; then
     ( export CUDA_VISIBLE_DEVICES=0,1; python benchmarks/estimate_accuracy.py --gpus 2 --time-budget 320 \
         > "$OUT/estimate_accuracy.log" 2>&1 )
 elif [ "$part" = 11 ]; then
-    # the estimate sums two gradients for one input in place, as the engine does outside a
-    # dispatch mode (pass 12); its GPU tests, then the table
-    lane 0 estimate_gpu_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_estimate_gpu.py
-    ( export CUDA_VISIBLE_DEVICES=0,1; python benchmarks/estimate_accuracy.py --gpus 2 --time-budget 320 \
+    # the estimate merges the gradient sums autograd makes in place outside a dispatch mode
+    # (pass 12); the estimate and allocator-source GPU tests (checkpoint's early stop under
+    # watch), then the table, all 54 in fresh processes
+    lane 0 estimate_gpu_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_estimate_gpu.py \
+        tests/gpu/test_allocator_gpu.py
+    ( export CUDA_VISIBLE_DEVICES=0,1; python benchmarks/estimate_accuracy.py --gpus 2 --time-budget 400 \
         > "$OUT/estimate_accuracy.log" 2>&1 )
 fi
 tail -n 3 "$OUT"/*.log

@@ -88,3 +88,30 @@ def test_activations_and_phases_present(gpt2_run):
     assert b.by_category["activations"] > 0
     ooms = [a for a in run.actions if a == Action.OOM]
     assert not ooms
+
+
+def test_checkpoint_early_stop_runs_under_the_allocator_source():
+    """torch.utils.checkpoint's default (non-reentrant, early stop) raises an exception inside
+    backward to stop recomputing; torch's allocator history lost it when it gathered Python
+    stacks at frees (SystemError, benchmarks/results/gpu/h200x2_pass10). The source records
+    stacks at allocations only, and the loop runs as it does unwatched."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    w = torch.randn(512, 4096, device="cuda", requires_grad=True)
+    h = torch.randn(2048, 512, device="cuda", requires_grad=True)
+    t = torch.randint(0, 4096, (2048,), device="cuda")
+
+    def chunk_loss(h, t):
+        return torch.nn.functional.cross_entropy(h @ w, t, reduction="sum")
+
+    def step():
+        loss = sum(checkpoint(chunk_loss, hc, tc, use_reentrant=False)
+                   for hc, tc in zip(h.split(256), t.split(256)))
+        loss.backward()
+        return loss.item(), w.grad.clone()
+    want_loss, want_grad = step()
+    w.grad = h.grad = None
+    with Tracer(source="allocator") as tracer:
+        got_loss, got_grad = step()
+    assert got_loss == pytest.approx(want_loss) and torch.allclose(got_grad, want_grad)
+    assert tracer.run.num_events > 0
