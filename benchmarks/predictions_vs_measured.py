@@ -35,7 +35,10 @@ def table(measured: dict, new: dict, before: dict | None) -> list[str]:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for cid, p in new.items():
         m = measured.get(cid)
-        if m is None or m.get("measured_reserved_bytes") is None or p.get("peak_reserved_bytes") is None:
+        if m is None or m.get("measured_reserved_bytes") is None:
+            continue
+        if p.get("peak_reserved_bytes") is None:
+            lines.append(f"| {cid} | - | {p.get('status') or 'not predicted'} |")
             continue
         ma, mr = m["measured_allocated_bytes"], m["measured_reserved_bytes"]
         row = [cid, f"{mr / 1024 ** 3:.2f}"]

@@ -50,6 +50,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .allocator_model import AllocatorConfig, CachingAllocatorModel, ModelOOM, MiB
+from .cuda import cpu_standin
 from .cuda.kernel_scratch import Gpu, scratch_for
 from .cuda.op_probe import ConvProbe
 from .attribution import breakdown_at, live_blocks
@@ -317,7 +318,8 @@ def _local_gpu_is_sm90() -> bool:
 
 class _CpuForCuda(torch.overrides.TorchFunctionMode):
     """On a torch without CUDA, fake CUDA tensors would abort the process in the first
-    kernel; this sends every explicit CUDA device (device=, .to, .cuda) to the CPU."""
+    kernel; this sends every explicit CUDA device (device=, .to, .cuda) to the CPU (and
+    memdoctor.cuda.cpu_standin runs attention and autocast's cross-entropy as CUDA does)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -622,11 +624,12 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     redirect = _CpuForCuda() if on_cpu_for_cuda else contextlib.nullcontext()
+    cuda_kernels = cpu_standin.cuda_kernels() if on_cpu_for_cuda else contextlib.nullcontext()
     tracer = Tracer(source="dispatch")
     forced_foreach = False
     stage = "building the model, optimizer and batch"
     try:
-        with fake_mode, redirect:
+        with fake_mode, redirect, cuda_kernels:
             with tracer:
                 watch = _KernelWatch(tracer.recorder, Gpu.local() if target == "cuda" else None, conv_probe)
                 with watch:
@@ -741,14 +744,15 @@ def _first_line(exc: BaseException) -> str:
 
 
 _CPU_STANDIN_NOTE = (
-    "this torch has no CUDA, so the step ran on fake CPU tensors standing in for CUDA ones; CPU kernels "
-    "save what CUDA kernels save except: scaled_dot_product_attention (CUDA flash/memory-efficient "
-    "attention save the output and a logsumexp of batch x heads x seq floats; the CPU flash kernel saves "
-    "the same, but with an attention mask or dropout CPU falls back to the math path, which saves the "
-    "seq x seq attention matrix that CUDA never does); autocast (CPU autocast's lower-precision op list "
-    "differs from CUDA's, e.g. in which norms and losses stay fp32); batch norm (CUDA uses cuDNN and "
-    "saves an extra reserve buffer); optimizer step counters (on the CPU on a GPU too, left out here); "
-    "fused optimizer kernels (CPU has fewer)")
+    "this torch has no CUDA, so the step ran on fake CPU tensors standing in for CUDA ones; attention "
+    "without a mask runs CUDA's kernels (cuDNN attention for fp16/bf16, memory-efficient for fp32, as "
+    "an H100/H200 picks them) and autocast's cross-entropy runs as on CUDA; what still differs: "
+    "attention with a mask (the CPU's kernel; its math path saves the seq x seq attention matrix that "
+    "CUDA never does), other autocast ops (CPU autocast's op lists differ from CUDA's), batch norm (CUDA "
+    "uses cuDNN and saves an extra reserve buffer), cuDNN's convolution workspaces (measured only on a "
+    "GPU), optimizer step counters (on the CPU on a GPU too, left out here), fused optimizer kernels "
+    "(CPU has fewer). Against an H200, transformers without attention masks estimate to the MiB here "
+    "(benchmarks/results/standin)")
 
 
 def _call_build(build, fake_mode, device):

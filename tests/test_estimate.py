@@ -3,6 +3,7 @@ a real step traced on the CPU, the well-known configurations and `memdoctor esti
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import textwrap
 import time
 
@@ -519,3 +520,42 @@ def test_a_tied_weights_gradient_sum_stays_as_the_plain_run_has_it():
     measured = _plain_peak_bytes(lambda: [train_step(model, opt, batch, loss) for _ in range(2)])
     before = sum(p.numel() * 4 for p in model.parameters()) + batch.numel() * 8
     assert abs(est.live_peak_bytes - before - measured) <= 0.01 * measured
+
+
+# ---------------------------------------------------------------- a CPU-only torch standing in for CUDA
+_PASS12 = Path(__file__).resolve().parent.parent / "benchmarks/results/gpu/h200x2_pass12/estimate_accuracy.json"
+
+
+@pytest.mark.skipif(torch.backends.cuda.is_built(), reason="the stand-in runs on a CPU-only torch")
+@pytest.mark.parametrize("cid", ["gpt2-124m/bf16/b8", "gpt2-124m/fp32/b8", "gpt2-124m/ckpt/b8"])
+def test_the_cpu_standin_estimates_what_the_h200_measured(cid):
+    # pass 12 measured these on an H200 in fresh processes; without a GPU the estimate runs
+    # CUDA's attention kernels and autocast's cross-entropy as CUDA does (cuda.cpu_standin)
+    from memdoctor.estimate_models import get, make_optimizer
+    measured = {r["id"]: r for r in json.loads(_PASS12.read_text())["configs"]}[cid]
+    name, mode, b = cid.split("/")
+    spec = get(name)
+    est = estimate(lambda: spec.build_model(1024), lambda m: make_optimizer("adamw", m),
+                   lambda: spec.make_batch(int(b[1:]), 1024), spec.loss_fn,
+                   plan={"fp32": None, "bf16": "bf16", "ckpt": "ckpt=full"}[mode], device="cuda")
+    assert est.peak_allocated_bytes == measured["measured_allocated_bytes"]
+    assert est.peak_reserved_bytes == measured["measured_reserved_bytes"]
+
+
+@pytest.mark.skipif(torch.backends.cuda.is_built(), reason="the stand-in runs on a CPU-only torch")
+def test_the_cpu_standin_runs_cudas_attention_and_cross_entropy():
+    def loss(m, x):
+        q = m(x).view(2, 128, 4, 64).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        logits = out.transpose(1, 2).reshape(256, 256) @ m.weight
+        return F.cross_entropy(logits, torch.zeros(256, dtype=torch.long))
+    names = {}
+    for plan in (None, "bf16"):
+        est = estimate(lambda: nn.Linear(256, 256), None, lambda: torch.randn(256, 256), loss,
+                       plan=plan, device="cuda")
+        names[plan] = {(b.name, b.dtype) for b in est.run.blocks.values()}
+    assert ("aten._scaled_dot_product_efficient_attention", "float32") in names[None]
+    assert ("aten._scaled_dot_product_cudnn_attention", "bfloat16") in names["bf16"]
+    # under autocast CUDA takes log_softmax in the logits' dtype, then an fp32 copy for nll_loss
+    assert ("aten._log_softmax", "bfloat16") in names["bf16"]
+    assert ("aten._log_softmax", "float32") not in names["bf16"]

@@ -1,0 +1,86 @@
+"""Where a CPU-only torch, standing in for CUDA in the estimate, would run other kernels than
+a GPU: made to run CUDA's instead, on fake tensors.
+
+- scaled_dot_product_attention: the CPU picks its flash kernel; an H100/H200 with torch 2.11
+  picks cuDNN attention for fp16/bf16 and memory-efficient attention for fp32 (seen in the
+  H200's allocator traces: GPT-2 and ViT-B/16, benchmarks/results/gpu/h200x2_pass11). The
+  fake run calls those kernels' own ops, whose outputs, saved tensors and scratch
+  (memdoctor.cuda.kernel_scratch) are CUDA's. Masks, dropout and head sizes outside what
+  those kernels take keep the CPU's choice.
+- cross_entropy under autocast: CPU autocast runs log_softmax in fp32; CUDA autocast runs it
+  in the input's dtype and casts to fp32 for nll_loss (the H200's op log: `_log_softmax`
+  bf16 -> fp32 copy -> `nll_loss_forward` fp32), so logits cost half as much.
+
+`cuda_kernels()` swaps both into torch.nn.functional while the fake step runs: a function
+mode would not see checkpoint's recompute in backward, which would then save other tensors
+than the forward did.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+aten = torch.ops.aten
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False):
+    """F.scaled_dot_product_attention through the kernel CUDA would pick, or None to keep the
+    CPU's (a mask, GQA, or shapes those kernels refuse)."""
+    if attn_mask is not None or enable_gqa or not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+        return None
+    if query.dim() != 4 or key.shape[:2] != query.shape[:2] or value.shape[:2] != query.shape[:2]:
+        return None
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
+    query, key, value = (t.to(dtype) if t.dtype != dtype and t.is_floating_point() else t for t in (query, key, value))
+    head = query.shape[-1]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    with torch.autocast("cpu", enabled=False):
+        if dtype in _HALF and head % 8 == 0 and head <= 128:
+            return aten._scaled_dot_product_cudnn_attention(query, key, value, None, grad, dropout_p, is_causal,
+                                                            False, scale=scale)[0]
+        if dtype in (torch.float32, *_HALF) and head % 8 == 0:
+            return aten._scaled_dot_product_efficient_attention(query, key, value, None, grad, dropout_p, is_causal,
+                                                                scale=scale)[0]
+    return None
+
+
+def cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                             reduction="mean", label_smoothing=0.0):
+    """F.cross_entropy as CUDA autocast runs it, or None outside autocast or for the cases
+    it decomposes otherwise (class probabilities, label smoothing, legacy arguments)."""
+    if not torch.is_autocast_enabled("cpu") or not isinstance(input, torch.Tensor):
+        return None
+    if label_smoothing or size_average is not None or reduce is not None or input.dtype not in _HALF:
+        return None
+    if not isinstance(target, torch.Tensor) or target.is_floating_point():
+        return None
+    dim = 1 if input.dim() >= 2 else 0
+    with torch.autocast("cpu", enabled=False):
+        logp = torch.log_softmax(input, dim)
+        w = weight.float() if isinstance(weight, torch.Tensor) else weight
+        return F.nll_loss(logp.float(), target, w, ignore_index=ignore_index, reduction=reduction)
+
+
+
+@contextlib.contextmanager
+def cuda_kernels():
+    """torch.nn.functional's attention and cross-entropy the CUDA way, until the block ends."""
+    attention0, cross_entropy0 = F.scaled_dot_product_attention, F.cross_entropy
+
+    def attention(*args, **kwargs):
+        out = attention_as_on_cuda(*args, **kwargs)
+        return attention0(*args, **kwargs) if out is None else out
+
+    def cross_entropy(*args, **kwargs):
+        out = cross_entropy_as_on_cuda(*args, **kwargs)
+        return cross_entropy0(*args, **kwargs) if out is None else out
+
+    F.scaled_dot_product_attention, F.cross_entropy = attention, cross_entropy
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, F.cross_entropy = attention0, cross_entropy0
