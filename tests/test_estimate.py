@@ -559,3 +559,17 @@ def test_the_cpu_standin_runs_cudas_attention_and_cross_entropy():
     # under autocast CUDA takes log_softmax in the logits' dtype, then an fp32 copy for nll_loss
     assert ("aten._log_softmax", "bfloat16") in names["bf16"]
     assert ("aten._log_softmax", "float32") not in names["bf16"]
+
+
+def test_the_standins_functions_are_torchs_own_again_afterwards():
+    from memdoctor.cuda.cpu_standin import cuda_kernels
+    before = (F.scaled_dot_product_attention, F.cross_entropy)
+    with cuda_kernels():
+        swapped = F.scaled_dot_product_attention
+        with cuda_kernels():
+            assert F.scaled_dot_product_attention is swapped
+        assert F.scaled_dot_product_attention is swapped
+        # outside autocast, cross-entropy stays torch's: same numbers
+        x, t = torch.randn(8, 5), torch.randint(0, 5, (8,))
+        assert torch.equal(F.cross_entropy(x, t), before[1](x, t))
+    assert (F.scaled_dot_product_attention, F.cross_entropy) == before

@@ -68,8 +68,12 @@ def cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, igno
 
 @contextlib.contextmanager
 def cuda_kernels():
-    """torch.nn.functional's attention and cross-entropy the CUDA way, until the block ends."""
+    """torch.nn.functional's attention and cross-entropy the CUDA way, until the block ends
+    (entered again inside, it changes nothing)."""
     attention0, cross_entropy0 = F.scaled_dot_product_attention, F.cross_entropy
+    if getattr(attention0, "cuda_way", False):
+        yield
+        return
 
     def attention(*args, **kwargs):
         out = attention_as_on_cuda(*args, **kwargs)
@@ -79,6 +83,7 @@ def cuda_kernels():
         out = cross_entropy_as_on_cuda(*args, **kwargs)
         return cross_entropy0(*args, **kwargs) if out is None else out
 
+    attention.cuda_way = cross_entropy.cuda_way = True
     F.scaled_dot_product_attention, F.cross_entropy = attention, cross_entropy
     try:
         yield
