@@ -5,8 +5,8 @@ a GPU: made to run CUDA's instead, on fake tensors.
   picks cuDNN attention for fp16/bf16 and memory-efficient attention for fp32 (seen in the
   H200's allocator traces: GPT-2 and ViT-B/16, benchmarks/results/gpu/h200x2_pass11). The
   fake run calls those kernels' own ops, whose outputs, saved tensors and scratch
-  (memdoctor.cuda.kernel_scratch) are CUDA's. Masks, dropout and head sizes outside what
-  those kernels take keep the CPU's choice.
+  (memdoctor.cuda.kernel_scratch) are CUDA's. Masks, GQA and head sizes those kernels refuse
+  keep the CPU's choice.
 - cross_entropy under autocast: CPU autocast runs log_softmax in fp32; CUDA autocast runs it
   in the input's dtype and casts to fp32 for nll_loss (the H200's op log: `_log_softmax`
   bf16 -> fp32 copy -> `nll_loss_forward` fp32), so logits cost half as much.
@@ -35,17 +35,18 @@ def attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
     if query.dim() != 4 or key.shape[:2] != query.shape[:2] or value.shape[:2] != query.shape[:2]:
         return None
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
-    query, key, value = (t.to(dtype) if t.dtype != dtype and t.is_floating_point() else t for t in (query, key, value))
     head = query.shape[-1]
+    if dtype not in (torch.float32, *_HALF) or head % 8:
+        return None
+    # autocast casts attention's inputs to its dtype on CUDA too
+    query, key, value = (t.to(dtype) if t.dtype != dtype and t.is_floating_point() else t for t in (query, key, value))
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     with torch.autocast("cpu", enabled=False):
-        if dtype in _HALF and head % 8 == 0 and head <= 128:
+        if dtype in _HALF and head <= 128:
             return aten._scaled_dot_product_cudnn_attention(query, key, value, None, grad, dropout_p, is_causal,
                                                             False, scale=scale)[0]
-        if dtype in (torch.float32, *_HALF) and head % 8 == 0:
-            return aten._scaled_dot_product_efficient_attention(query, key, value, None, grad, dropout_p, is_causal,
-                                                                scale=scale)[0]
-    return None
+        return aten._scaled_dot_product_efficient_attention(query, key, value, None, grad, dropout_p, is_causal,
+                                                            scale=scale)[0]
 
 
 def cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
@@ -63,7 +64,6 @@ def cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, igno
         logp = torch.log_softmax(input, dim)
         w = weight.float() if isinstance(weight, torch.Tensor) else weight
         return F.nll_loss(logp.float(), target, w, ignore_index=ignore_index, reduction=reduction)
-
 
 
 @contextlib.contextmanager
