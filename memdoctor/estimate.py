@@ -363,10 +363,11 @@ class _KernelWatch(TorchDispatchMode):
         before = len(self.run.actions)
         out = func(*args, **(kwargs or {}))
         packet = func.overloadpacket
-        if torch._C._current_graph_task_id() != -1:
+        in_backward = torch._C._current_graph_task_id() != -1
+        if in_backward:
             self._note_backward_op(func, args, kwargs, out, before)
         if packet in BLAS_OPS:
-            thread = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+            thread = "backward" if in_backward else "forward"
             if thread not in self.blas:
                 self.blas[thread] = len(self.run.actions)
             if thread not in self.lt and (packet in LT_OPS or (packet in _ADDMM and _bias_1d(args, kwargs))):
