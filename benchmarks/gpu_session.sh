@@ -13,6 +13,7 @@
 #   bash benchmarks/gpu_session.sh 9    # what pass 10 left: traces of the reserved misses, attention scratch
 #   bash benchmarks/gpu_session.sh 10   # whether recording changes the reserved peak; the table again
 #   bash benchmarks/gpu_session.sh 11   # the table with gradient sums merged in place as the engine makes them
+#   bash benchmarks/gpu_session.sh 12   # the whole GPU suite, split over the two GPUs, then ZeRO on both
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -179,5 +180,14 @@ elif [ "$part" = 11 ]; then
         tests/gpu/test_allocator_gpu.py
     ( export CUDA_VISIBLE_DEVICES=0,1; python benchmarks/estimate_accuracy.py --gpus 2 --time-budget 400 \
         > "$OUT/estimate_accuracy.log" 2>&1 )
+elif [ "$part" = 12 ]; then
+    # every GPU test after the estimate's and the allocator source's changes
+    lane 0 gpu_tests_0 python -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_scenarios_gpu.py \
+        tests/gpu/test_remedy_memory_gpu.py &
+    lane 1 gpu_tests_1 python -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_estimate_gpu.py \
+        tests/gpu/test_allocator_gpu.py tests/gpu/test_fused_adamw_gpu.py tests/test_snapshot.py tests/test_nvml.py \
+        tests/test_remedies.py &
+    wait
+    lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
 fi
 tail -n 3 "$OUT"/*.log
