@@ -22,6 +22,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from memdoctor.cuda.op_probe import recorded_trace  # noqa: E402
+
 aten = torch.ops.aten
 B, H, M, K = 8, 16, 1024, 64
 
@@ -45,16 +47,7 @@ def _frames(entry) -> list[str]:
 
 
 def scratch(func, *args) -> list[dict]:
-    torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="all", max_entries=100_000)
-    try:
-        out = func(*args)
-        torch.cuda.synchronize()
-        snap = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    del out
-    trace = snap["device_traces"][torch.cuda.current_device()]
+    trace = recorded_trace(lambda: func(*args), frames=True)
     live, rows = {}, []
     for e in trace:
         if e["action"] == "alloc":

@@ -72,6 +72,8 @@ def main(argv=None) -> int:
         "met": rows[0]["estimate_s_median"] < 30,
         "import_s": round(import_s, 2),
         "cases": rows,
+        # the estimate runs on fake tensors: on a machine with a GPU this stays 0
+        "gpu_max_memory_allocated_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
                     "processor": platform.processor() or platform.machine(),
                     "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},

@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu_session.sh 10   # whether recording changes the reserved peak; the table again
 #   bash benchmarks/gpu_session.sh 11   # the table with gradient sums merged in place as the engine makes them
 #   bash benchmarks/gpu_session.sh 12   # the whole GPU suite, split over the two GPUs, then ZeRO on both
+#   bash benchmarks/gpu_session.sh 13   # GPT-2 1.5B plans (four verified) applied alone, one at a time; planner speed
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -189,5 +190,19 @@ elif [ "$part" = 12 ]; then
         tests/test_remedies.py &
     wait
     lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
+elif [ "$part" = 13 ]; then
+    # the plans made on the CPU with the estimate as pass 15 measured it, each applied with
+    # nothing else running (the step times rank them), then the planner's speed on this CPU;
+    # first the GPU tests and probe that record through op_probe.recorded_trace
+    P=benchmarks/results/plans
+    lane 0 estimate_gpu_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_estimate_gpu.py
+    lane 0 attention_scratch python benchmarks/attention_scratch_probe.py
+    lane 0 plans_32GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+        --plans-from $P/gpt2-1.5b_b8_32GiB.json --top 4 --steps 6 --tag gpt2-1.5b_b8_32GiB
+    lane 0 plans_16GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 2 --seq 1024 --budget 16GiB \
+        --plans-from $P/gpt2-1.5b_b2_16GiB.json --top 4 --steps 6 --tag gpt2-1.5b_b2_16GiB
+    ( /usr/bin/time -f "%e s wall" python -m memdoctor plan --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+        --json > "$OUT/plan_speed_b8_32GiB.json" ) 2> "$OUT/plan_speed.log"
+    python benchmarks/estimate_speed.py --out "$OUT/estimate_speed_gpu_machine.json" > "$OUT/estimate_speed.log" 2>&1
 fi
 tail -n 3 "$OUT"/*.log

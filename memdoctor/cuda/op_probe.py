@@ -64,18 +64,30 @@ def probe(func, key: tuple, tree, device: str | torch.device = "cuda") -> list[S
     device = torch.device(device)
     _, leaves = key
     args, kwargs = tree_unflatten(_materialize(leaves, device), tree)
-    torch.cuda.synchronize(device)
-    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=100_000)
-    try:
+
+    def call():
         with torch.no_grad():
-            out = func(*args, **kwargs)
+            return func(*args, **kwargs)
+
+    return scratch_from_trace(recorded_trace(call, device))
+
+
+def recorded_trace(call, device: str | torch.device | None = None, frames: bool = False) -> list[dict]:
+    """The allocator's trace of `call()` on `device` (the current one by default), its output
+    freed after the recording; `frames`: each allocation's Python and C++ frames as well."""
+    device = torch.device(device if device is not None else "cuda")
+    torch.cuda.synchronize(device)
+    context, stacks = ("alloc", "all") if frames else (None, "python")
+    torch.cuda.memory._record_memory_history(enabled="all", context=context, stacks=stacks, max_entries=100_000)
+    try:
+        out = call()
         torch.cuda.synchronize(device)
         snap = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    del out, args, kwargs
+    del out
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return scratch_from_trace(snap["device_traces"][index])
+    return snap["device_traces"][index]
 
 
 def scratch_from_trace(trace: list[dict]) -> list[Scratch]:

@@ -74,18 +74,8 @@ def test_resnet50_estimate_with_measured_workspaces_meets_the_gpu():
 def _gpu_scratch(func, *args):
     """What `func(*args)` took and gave back inside the call on this GPU, in order: (bytes,
     made before the outputs)."""
-    from memdoctor.cuda.op_probe import scratch_from_trace
-    torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=100_000)
-    try:
-        out = func(*args)
-        torch.cuda.synchronize()
-        snap = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    del out
-    return [(s.nbytes, s.before_outputs)
-            for s in scratch_from_trace(snap["device_traces"][torch.cuda.current_device()])]
+    from memdoctor.cuda.op_probe import recorded_trace, scratch_from_trace
+    return [(s.nbytes, s.before_outputs) for s in scratch_from_trace(recorded_trace(lambda: func(*args)))]
 
 
 def _rule(func, *args):
