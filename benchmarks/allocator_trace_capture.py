@@ -33,10 +33,12 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 def parse_id(cid: str) -> dict:
-    """An estimate_accuracy configuration id ("model/mode/bBATCH") as that benchmark's job."""
+    """An estimate_accuracy configuration id ("model/mode/bBATCH") as that benchmark's job; the
+    mode may also be any plan ("gpt2-1.5b/bf16,ckpt=full,opt=in-backward-8bit/b2")."""
     model, mode, b = cid.split("/")
     seq = next(seq for name, seq, _ in MODELS if name == model)
-    return {"id": cid, "model": model, "mode": mode, "plan": MODES[mode], "batch": int(b[1:]), "seq": seq}
+    plan = MODES[mode] if mode in MODES else mode
+    return {"id": cid, "model": model, "mode": mode, "plan": plan, "batch": int(b[1:]), "seq": seq}
 
 
 def _describe(args) -> list:

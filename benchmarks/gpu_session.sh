@@ -15,6 +15,7 @@
 #   bash benchmarks/gpu_session.sh 11   # the table with gradient sums merged in place as the engine makes them
 #   bash benchmarks/gpu_session.sh 12   # the whole GPU suite, split over the two GPUs, then ZeRO on both
 #   bash benchmarks/gpu_session.sh 13   # GPT-2 1.5B plans (four verified) applied alone, one at a time; planner speed
+#   bash benchmarks/gpu_session.sh 14   # the same with 8-bit states costed, 12 steps (steady-state times); planner speed
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -204,5 +205,20 @@ elif [ "$part" = 13 ]; then
     ( /usr/bin/time -f "%e s wall" python -m memdoctor plan --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
         --json > "$OUT/plan_speed_b8_32GiB.json" ) 2> "$OUT/plan_speed.log"
     python benchmarks/estimate_speed.py --out "$OUT/estimate_speed_gpu_machine.json" > "$OUT/estimate_speed.log" 2>&1
+elif [ "$part" = 14 ]; then
+    # the plans again after the planner's verification overlapped its first estimates and 8-bit
+    # states got their measured cost; 12 steps each, nothing else running; then the planner's speed
+    P=benchmarks/results/plans
+    lane 0 plans_32GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+        --plans-from $P/gpt2-1.5b_b8_32GiB.json --top 4 --steps 12 --tag gpt2-1.5b_b8_32GiB
+    lane 0 plans_16GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 2 --seq 1024 --budget 16GiB \
+        --plans-from $P/gpt2-1.5b_b2_16GiB.json --top 4 --steps 12 --tag gpt2-1.5b_b2_16GiB
+    python benchmarks/allocator_trace_capture.py --plain --out "$OUT/traces" \
+        "gpt2-1.5b/bf16,ckpt=full,opt=in-backward-8bit/b2" > "$OUT/allocator_traces.log" 2>&1
+    tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"
+    for run in 1 2; do
+        ( /usr/bin/time -f "%e s wall" python -m memdoctor plan --model gpt2-1.5b --batch 8 --seq 1024 \
+            --budget 32GiB --json > "$OUT/plan_speed_b8_32GiB_$run.json" ) 2> "$OUT/plan_speed_$run.log"
+    done
 fi
 tail -n 3 "$OUT"/*.log

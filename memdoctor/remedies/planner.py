@@ -7,7 +7,8 @@ How it searches (fast enough for GPT-2 1.5B on a CPU, where one estimate takes s
 - the structural variants (precision x checkpointing x ZeRO) are estimated with
   memdoctor.estimate at the full batch, in order of cost, at most `max_estimates`; for a
   known model on a machine with more than two cores they are estimated all at once in worker
-  processes (one core each), otherwise lazily, one by one;
+  processes (one core each), otherwise lazily, one by one; the direct estimates that verify
+  the first fitting plans (below) start in the same workers as soon as each plan is found;
 - from each such estimate a per-phase profile is taken (the live bytes of every category
   at the peak of each phase: forward, backward, optimizer, ...), and the micro-batch and
   optimizer variants are derived from it arithmetically:
@@ -37,11 +38,12 @@ constants are a model, not measurements:
   selective: +0.10 (only the cheap ops are recomputed); N blocks: +1/3 * N/blocks is not
   searched;
 - micro-batches: x(1 + 0.05 * log2(batch/micro)) (smaller kernels use the GPU less well);
-- optimizer swaps: x1.0. Their fused steps move 20 (bf16 states) or ~16 (8-bit) bytes a
-  parameter against fp32 states' 28, and the step is a few % of a training step: measured
-  on the H200, their steps took 2.5-2.6 ms for GPT-2 355M at the default launch
-  configuration, and GPT-2 1.5B plans differing only in bf16 or 8-bit states stepped within
-  3% of each other, either one ahead (benchmarks/results/gpu/). Ties go to the lower peak;
+- optimizer swaps: x1.0, blockwise 8-bit states x1.05. Their fused steps move 20 (bf16
+  states) or ~16 (8-bit) bytes a parameter against fp32 states' 28, and the kernel is a few %
+  of a training step (2.5-2.6 ms for GPT-2 355M on the H200 either way), yet GPT-2 1.5B
+  training stepped 5% slower with 8-bit states than with bf16 states at micro-batch 2 and
+  more at micro-batch 1 (H200 passes 7 and 17, benchmarks/results/gpu/); bf16 states also
+  keep more precision. Ties go to the lower peak;
 - ZeRO-2: x(1 + 0.05 * log2(world_size)) (reduce-scatter and all-gather over the ranks).
 The plain plan, when it fits, is always the first choice: nothing needs to change (bf16,
 although cheaper by this model, changes the numerics).
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures as cf
+from concurrent.futures.process import BrokenProcessPool
 import math
 import multiprocessing
 import os
@@ -63,7 +66,7 @@ __all__ = ["Candidate", "plan_for_budget", "plan_cost", "derive", "phase_profile
 BF16_FACTOR = 0.6
 CKPT_COST = {None: 0.0, "selective": 0.10, "full": 1.0 / 3.0}
 MICRO_COST_PER_HALVING = 0.05
-OPT_COST = {None: 1.0, "adamw-bf16": 1.0, "adamw-8bit": 1.0, "in-backward": 1.0, "in-backward-8bit": 1.0}
+OPT_COST = {None: 1.0, "adamw-bf16": 1.0, "adamw-8bit": 1.05, "in-backward": 1.0, "in-backward-8bit": 1.05}
 ZERO_COST_PER_DOUBLING = 0.05
 STATE_BYTES = {"adamw-bf16": 4.0, "adamw-8bit": 2.03, "in-backward-8bit": 2.03}  # per parameter, against 8
 IN_BACKWARD = ("in-backward", "in-backward-8bit")
@@ -184,25 +187,57 @@ def _worker_count(jobs: int) -> int:
     return 0 if cores <= 2 or jobs <= 1 else min(jobs, cores - 1)
 
 
-def _estimate_all(run_estimate: Callable, jobs: list[tuple], plans: list[Plan]) -> list:
-    """Estimates (or the EstimateError) of `plans`: in worker processes when `jobs` (their
-    picklable descriptions) are given and cores allow, else one by one here."""
-    from ..estimate import EstimateError
-    workers = _worker_count(len(plans)) if jobs else 0
-    if workers:
-        try:
-            ctx = multiprocessing.get_context("spawn")
-            with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                return list(pool.map(_estimate_job, jobs))
-        except (OSError, cf.process.BrokenProcessPool):
-            pass                            # no worker processes here: estimate one by one
-    out = []
-    for plan in plans:
-        try:
-            out.append(run_estimate(plan))
-        except EstimateError as exc:
-            out.append(exc)
-    return out
+class _Estimates:
+    """Direct estimates of plans, each made once: in worker processes when given `job` (a
+    plan's picklable description) and cores allow, started as soon as they are asked for
+    (`start`), so the planner's checks overlap its first estimates; else one by one here, when
+    first needed (`get`)."""
+
+    def __init__(self, run_estimate: Callable, job: Callable | None, workers: int):
+        self._run, self._job = run_estimate, job
+        self._done: dict[str, Any] = {}
+        self._futures: dict[str, cf.Future] = {}
+        self._pool = None
+        if job is not None and workers:
+            try:
+                self._pool = cf.ProcessPoolExecutor(max_workers=workers,
+                                                    mp_context=multiprocessing.get_context("spawn"))
+            except OSError:
+                self._pool = None           # no worker processes here: estimate one by one
+
+    def __enter__(self) -> "_Estimates":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:          # speculative estimates nobody asked for are dropped
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def start(self, plans: list[Plan]) -> None:
+        for plan in plans:
+            key = str(plan)
+            if self._pool is None or key in self._done or key in self._futures:
+                continue
+            try:
+                self._futures[key] = self._pool.submit(_estimate_job, self._job(plan))
+            except (RuntimeError, BrokenProcessPool):
+                return                      # the pool is gone: get() estimates here
+
+    def get(self, plan: Plan):
+        """The plan's Estimate, or the EstimateError that says why there is none."""
+        from ..estimate import EstimateError
+        key = str(plan)
+        if key not in self._done:
+            future = self._futures.pop(key, None)
+            try:
+                if future is None:
+                    raise LookupError
+                self._done[key] = future.result()
+            except (LookupError, BrokenProcessPool, cf.CancelledError):
+                try:
+                    self._done[key] = self._run(plan)
+                except EstimateError as exc:
+                    self._done[key] = exc
+        return self._done[key]
 
 
 def _grad_sizes(est) -> tuple[int, int]:
@@ -308,10 +343,6 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
     def job(plan: Plan) -> tuple:
         return (model_name_or_build, batch, seq, str(plan), world_size, config)
 
-    def estimate_many(many: list[Plan]) -> list:
-        jobs = [job(p) for p in many] if isinstance(model_name_or_build, str) else []
-        return _estimate_all(run_estimate, jobs, many)
-
     plans = _combinations(batch, world_size, candidates)
     plans.sort(key=lambda p: (plan_cost(p, batch, world_size), len(str(p))))
     keys: list[tuple] = []
@@ -320,26 +351,31 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
         if key not in keys:
             keys.append(key)
     keys = keys[:max_estimates]
-    structural = [Plan(k[0], k[1], None, None, k[2]) for k in keys]
     bases: dict[tuple, _Base | None] = {}
-    if _worker_count(len(keys)) and isinstance(model_name_or_build, str):
-        prefetched = dict(zip(keys, estimate_many(structural)))     # all at once, in parallel
-    else:
-        prefetched = {}
+    known_model = isinstance(model_name_or_build, str)
+    estimates = _Estimates(run_estimate, job if known_model else None,
+                           _worker_count(len(keys) + verify) if known_model else 0)
+    with estimates:
+        estimates.start([Plan(k[0], k[1], None, None, k[2]) for k in keys])   # all at once, in parallel
 
-    def base_of(key: tuple) -> _Base | None:
-        if key not in bases:
-            if key in prefetched:
-                est = prefetched[key]
-            else:
-                est = estimate_many([Plan(key[0], key[1], None, None, key[2])])[0]
-            if isinstance(est, EstimateError):
-                bases[key] = None
-            else:
-                gt, gl = _grad_sizes(est)
-                bases[key] = _Base(est, phase_profile(est, world_size, key[2]), gt, gl, world_size, key[2])
-        return bases[key]
+        def base_of(key: tuple) -> _Base | None:
+            if key not in bases:
+                est = estimates.get(Plan(key[0], key[1], None, None, key[2]))
+                if isinstance(est, EstimateError):
+                    bases[key] = None
+                else:
+                    gt, gl = _grad_sizes(est)
+                    bases[key] = _Base(est, phase_profile(est, world_size, key[2]), gt, gl, world_size, key[2])
+            return bases[key]
 
+        return _rank_and_verify(plans, keys, base_of, estimates, fits, batch, world_size, verify)
+
+
+def _rank_and_verify(plans: list[Plan], keys: list[tuple], base_of: Callable, estimates: _Estimates,
+                     fits: Callable, batch: int, world_size: int, verify: int) -> list[Candidate]:
+    """The candidates from the structural estimates, ranked; the first `verify` fitting ones
+    estimated directly (started as each is found, in order of cost, to overlap the rest)."""
+    from ..estimate import EstimateError
     out: list[Candidate] = []
     for plan in plans:
         if any(c.fits and _subset(c.plan, plan) and c.plan != plan for c in out):
@@ -355,8 +391,11 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
             alloc, reserved, note = base.est.peak_allocated_bytes, base.est.peak_reserved_bytes, "estimated"
         else:
             alloc, reserved, note = derive(base, plan, batch)
-        out.append(Candidate(plan, alloc, reserved, fits(reserved), plan_cost(plan, batch, world_size), note,
-                             verified=structural_only))
+        cand = Candidate(plan, alloc, reserved, fits(reserved), plan_cost(plan, batch, world_size), note,
+                         verified=structural_only)
+        out.append(cand)
+        if cand.fits and not structural_only and sum(c.fits for c in out) <= verify:
+            estimates.start([plan])
 
     def rank(cands: list[Candidate]) -> list[Candidate]:
         good = sorted((c for c in cands if c.fits),
@@ -369,7 +408,9 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
         pending = [c for c in out[:verify] if c.fits and not c.verified]
         if not pending:
             break
-        for cand, est in zip(pending, estimate_many([c.plan for c in pending])):
+        estimates.start([c.plan for c in pending])
+        for cand in pending:
+            est = estimates.get(cand.plan)
             cand.verified = True
             if isinstance(est, EstimateError):  # nothing more can be checked; keep the derived figures
                 cand.note += f"; not verified: {str(est)[:120]}"
