@@ -43,7 +43,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--budget-gib", type=float, default=32)
-    ap.add_argument("--alone", default="bf16,micro=1,opt=adamw-bf16", help="the plan to estimate alone after")
+    ap.add_argument("--alone", default="bf16,micro=1,opt=adamw-bf16",
+                    help="the plan to estimate alone after ('' for none)")
     args = ap.parse_args()
     log = Path(tempfile.mkdtemp()) / "jobs.jsonl"
     os.environ["PLAN_SPEED_LOG"] = str(log)
@@ -58,16 +59,17 @@ def main() -> int:
     jobs.sort(key=lambda j: j["start"])
     t = time.time()
     planner._estimate_job = _REAL_JOB
-    from memdoctor.estimate import estimate_config
-    estimate_config(args.model, batch=args.batch, seq=args.seq, plan=args.alone)
-    alone = time.time() - t
+    if args.alone:
+        from memdoctor.estimate import estimate_config
+        estimate_config(args.model, batch=args.batch, seq=args.seq, plan=args.alone)
+    alone = time.time() - t if args.alone else None
     result = {"planner_wall_s": round(wall, 2), "cores": len(os.sched_getaffinity(0)),
               "workers": planner._worker_count(len(jobs)), "jobs": jobs,
-              "first_choice": str(cands[0].plan), "alone_plan": args.alone, "alone_s": round(alone, 2)}
+              "first_choice": str(cands[0].plan), "alone_plan": args.alone, "alone_s": alone and round(alone, 2)}
     for j in jobs:
         print(f"{j['plan']:<36} ready {j['process_ready']:6.1f}  start {j['start']:6.1f}  end {j['end']:6.1f}  "
               f"({j['end'] - j['start']:.1f} s, pid {j['pid']})")
-    print(f"planner {wall:.1f} s; {args.alone} alone in this process {alone:.1f} s")
+    print(f"planner {wall:.1f} s" + (f"; {args.alone} alone in this process {alone:.1f} s" if args.alone else ""))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "plan_speed_timeline.json").write_text(json.dumps(result, indent=1))
     return 0
