@@ -8,8 +8,7 @@ How it searches (fast enough for GPT-2 1.5B on a CPU, where one estimate takes s
   memdoctor.estimate at the full batch, in order of cost, at most `max_estimates`; for a
   known model on a machine with more than two cores they are estimated all at once in worker
   processes (one core each), otherwise lazily, one by one; the direct estimates that verify
-  the first fitting plans (below) start in the same workers as soon as each plan is found, and
-  idle workers start on the cheapest of them before that;
+  the first fitting plans (below) start in the same workers as soon as each plan is found;
 - from each such estimate a per-phase profile is taken (the live bytes of every category
   at the peak of each phase: forward, backward, optimizer, ...), and the micro-batch and
   optimizer variants are derived from it arithmetically:
@@ -71,7 +70,6 @@ OPT_COST = {None: 1.0, "adamw-bf16": 1.0, "adamw-8bit": 1.05, "in-backward": 1.0
 ZERO_COST_PER_DOUBLING = 0.05
 STATE_BYTES = {"adamw-bf16": 4.0, "adamw-8bit": 2.03, "in-backward-8bit": 2.03}  # per parameter, against 8
 IN_BACKWARD = ("in-backward", "in-backward-8bit")
-MAX_SPECULATIVE = 24        # direct estimates started before they are known to be needed (~0.4 GB each)
 
 ACT_CATS = ("activations", "temporaries", "inputs")
 WEIGHT_COPIES = "weight_copies"
@@ -355,17 +353,10 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
     keys = keys[:max_estimates]
     bases: dict[tuple, _Base | None] = {}
     known_model = isinstance(model_name_or_build, str)
-    workers = _worker_count(len(plans)) if known_model else 0
-    estimates = _Estimates(run_estimate, job if known_model else None, workers)
+    estimates = _Estimates(run_estimate, job if known_model else None,
+                           _worker_count(len(keys) + verify) if known_model else 0)
     with estimates:
         estimates.start([Plan(k[0], k[1], None, None, k[2]) for k in keys])   # all at once, in parallel
-        # idle workers estimate the cheapest other plans at once: the first fitting ones are
-        # checked by a direct estimate, and waiting for the structural estimates to say which
-        # they are would put two estimates end to end (H200 machine: 69 s against ~50 s)
-        spare = min(workers - len(keys), MAX_SPECULATIVE)
-        others = [p for p in plans if (p.micro_batch, p.optimizer) != (None, None)
-                  and (p.precision, p.checkpointing, p.zero) in keys]
-        estimates.start(others[:max(spare, 0)])
 
         def base_of(key: tuple) -> _Base | None:
             if key not in bases:
