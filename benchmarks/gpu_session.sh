@@ -16,6 +16,7 @@
 #   bash benchmarks/gpu_session.sh 12   # the whole GPU suite, split over the two GPUs, then ZeRO on both
 #   bash benchmarks/gpu_session.sh 13   # GPT-2 1.5B plans (four verified) applied alone, one at a time; planner speed
 #   bash benchmarks/gpu_session.sh 14   # the same with 8-bit states costed, 12 steps (steady-state times); planner speed
+#   bash benchmarks/gpu_session.sh 15   # why batch-8 estimates are slow on this CUDA build; step times to cost micro-batches
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -220,5 +221,16 @@ elif [ "$part" = 14 ]; then
         ( /usr/bin/time -f "%e s wall" python -m memdoctor plan --model gpt2-1.5b --batch 8 --seq 1024 \
             --budget 32GiB --json > "$OUT/plan_speed_b8_32GiB_$run.json" ) 2> "$OUT/plan_speed_$run.log"
     done
+elif [ "$part" = 15 ]; then
+    # cProfile of one estimate at batch 1 and 8 on this CUDA build (2-4x slower at batch 8 than
+    # the CPU build, pass 19); then, one GPU each, GPT-2 1.5B bf16 at batch 8 with no cap and
+    # with each way to fit 32 GiB, 12 steps each: what micro-batches and checkpointing cost
+    python benchmarks/estimate_profile.py --out "$OUT" > "$OUT/estimate_profile.log" 2>&1
+    lane 0 step_costs_0 python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 --steps 12 \
+        --tag gpt2-1.5b_b8_bf16_nocap --plans bf16 bf16,micro=4 bf16,micro=2 bf16,micro=1 &
+    lane 1 step_costs_1 python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 --steps 12 \
+        --budget 32GiB --tag gpt2-1.5b_b8_32GiB_costs --plans bf16,micro=2,opt=adamw-bf16 \
+        bf16,ckpt=full,opt=adamw-bf16 bf16,ckpt=full bf16,ckpt=selective,micro=4,opt=adamw-bf16 &
+    wait
 fi
 tail -n 3 "$OUT"/*.log
