@@ -38,6 +38,7 @@ the estimate does instead:
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import re
@@ -55,7 +56,7 @@ from .cuda.kernel_scratch import Gpu, scratch_for
 from .cuda.op_probe import ConvProbe
 from .attribution import breakdown_at, live_blocks
 from .remedies.plan import Plan
-from .run import Action, Block, CATEGORIES, Category, Run
+from .run import Action, Block, CATEGORIES, Category, Run, stronger
 
 __all__ = ["Estimate", "EstimateError", "estimate", "estimate_built", "train_step", "CUDA_CONTEXT_BYTES",
            "cublas_workspace_bytes", "CUBLASLT_WORKSPACE_BYTES"]
@@ -457,7 +458,6 @@ def _merge_in_place(run: Run, pairs: list[tuple[int, int]]) -> int:
     """Make each (sum, operand) pair one block: the sum's allocation and the operand's free,
     still apart by nothing but the other operand's free, leave the run, and the operand's
     block lives on as the sum (its category the stronger of the two). Returns how many merged."""
-    from .run import stronger
     survivor: dict[int, int] = {}
     drop: set[int] = set()
     for out, operand in pairs:
@@ -475,7 +475,6 @@ def _merge_in_place(run: Run, pairs: list[tuple[int, int]]) -> int:
             kept.shape, kept.dtype = b_out.shape, b_out.dtype
     if not drop:
         return 0
-    import bisect
     removed = sorted(drop)
     actions, blocks_col, bytes_col = [], [], []
     for seq, (a, bid, n) in enumerate(zip(run.actions, run.event_blocks, run.event_bytes)):
@@ -496,9 +495,15 @@ def _merge_in_place(run: Run, pairs: list[tuple[int, int]]) -> int:
             b.alloc_seq = seq
         elif a == Action.FREE:
             b.free_seq = seq
-    for item in (*run.marks, *run.ooms, *run.samples):
-        item.seq -= bisect.bisect_left(removed, item.seq)
+    _shift_seqs(run, lambda seq: seq - bisect.bisect_left(removed, seq))
     return len(survivor)
+
+
+def _shift_seqs(run: Run, shift: Callable[[int], int]) -> None:
+    """Move the marks, OOMs and samples with the events they point at, after events were
+    inserted or removed (an insert at a mark's position lands under the previous mark)."""
+    for item in (*run.marks, *run.ooms, *run.samples):
+        item.seq = shift(item.seq)
 
 
 def _bias_1d(args, kwargs) -> bool:
@@ -836,7 +841,6 @@ def _insert_events(run: Run, events: list[tuple], device_type: str) -> None:
     events = sorted(events, key=lambda e: e[0])         # stable: same-position order kept
     next_id = max(run.blocks, default=-1) + 1
     positions = [e[0] for e in events]
-    import bisect
 
     def shift(seq: int) -> int:
         return seq + bisect.bisect_right(positions, seq)
@@ -875,12 +879,7 @@ def _insert_events(run: Run, events: list[tuple], device_type: str) -> None:
             b.free_seq = shift(b.free_seq)
     for blk in new_blocks:
         run.blocks[blk.id] = blk
-    for m in run.marks:     # an insert at a mark's position happened before it: under the previous mark
-        m.seq = shift(m.seq)
-    for o in run.ooms:
-        o.seq = shift(o.seq)
-    for s in run.samples:
-        s.seq = shift(s.seq)
+    _shift_seqs(run, shift)
     run.actions, run.event_blocks, run.event_bytes = actions, blocks_col, bytes_col
     for blk in new_blocks:
         mark = run.mark_at(blk.alloc_seq)

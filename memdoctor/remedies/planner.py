@@ -52,10 +52,10 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures as cf
-from concurrent.futures.process import BrokenProcessPool
 import math
 import multiprocessing
 import os
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
