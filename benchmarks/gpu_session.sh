@@ -17,6 +17,8 @@
 #   bash benchmarks/gpu_session.sh 13   # GPT-2 1.5B plans (four verified) applied alone, one at a time; planner speed
 #   bash benchmarks/gpu_session.sh 14   # the same with 8-bit states costed, 12 steps (steady-state times); planner speed
 #   bash benchmarks/gpu_session.sh 15   # why batch-8 estimates are slow on this CUDA build; step times to cost micro-batches
+#   bash benchmarks/gpu_session.sh 16   # plans ranked by the step-time model: first choice against other fitting plans; planner speed
+#   bash benchmarks/gpu_session.sh 17   # the whole GPU suite after the step-time model (as part 12)
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -232,5 +234,31 @@ elif [ "$part" = 15 ]; then
         --budget 32GiB --tag gpt2-1.5b_b8_32GiB_costs --plans bf16,micro=2,opt=adamw-bf16 \
         bf16,ckpt=full,opt=adamw-bf16 bf16,ckpt=full bf16,ckpt=selective,micro=4,opt=adamw-bf16 &
     wait
+elif [ "$part" = 16 ]; then
+    # the plans ranked by memdoctor.step_time (constants fitted to pass 21): the planner's first
+    # four fitting plans and other plans that fit, side by side as in pass 21, 12 steps each;
+    # then the planner's speed with nothing else running, twice a budget
+    P=benchmarks/results/plans
+    lane 0 plans_32GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 --budget 32GiB \
+        --plans-from $P/gpt2-1.5b_b8_32GiB.json --top 4 --steps 12 --tag gpt2-1.5b_b8_32GiB \
+        --plans bf16,ckpt=full bf16,ckpt=full,opt=in-backward-8bit bf16,micro=1,opt=adamw-bf16 &
+    lane 1 plans_16GiB python benchmarks/plan_apply.py --model gpt2-1.5b --batch 2 --seq 1024 --budget 16GiB \
+        --plans-from $P/gpt2-1.5b_b2_16GiB.json --top 6 --steps 12 --tag gpt2-1.5b_b2_16GiB &
+    wait
+    for run in 1 2; do
+        for case in "8 32GiB" "2 16GiB"; do
+            set -- $case
+            ( /usr/bin/time -f "%e s wall" python -m memdoctor plan --model gpt2-1.5b --batch $1 --seq 1024 \
+                --budget $2 --json > "$OUT/plan_speed_b$1_$2_$run.json" ) 2> "$OUT/plan_speed_b$1_$2_$run.log"
+        done
+    done
+elif [ "$part" = 17 ]; then
+    lane 0 gpu_tests_0 python -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_scenarios_gpu.py \
+        tests/gpu/test_remedy_memory_gpu.py &
+    lane 1 gpu_tests_1 python -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_estimate_gpu.py \
+        tests/gpu/test_allocator_gpu.py tests/gpu/test_fused_adamw_gpu.py tests/test_snapshot.py tests/test_nvml.py \
+        tests/test_remedies.py tests/test_step_time.py &
+    wait
+    lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
 fi
 tail -n 3 "$OUT"/*.log

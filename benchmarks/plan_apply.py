@@ -7,8 +7,9 @@ allocator at --budget (`torch.cuda.set_per_process_memory_fraction`), applies th
 half of the steps (the steady state: the first steps compile and autotune Triton kernels and
 grow the allocator's pool; on the H200 steps 3-4 took up to 3x the later ones, passes 5, 7
 and 17). Given the planner's output (`memdoctor plan --json`), the measured peaks are set next
-to its predictions and the planner's first choice is checked against the others: does it
-fit, and is it at least as fast as every other plan that fits? Given ckpt=full and
+to its predictions (peaks and step time) and the planner's first choice is checked against
+every other plan measured: does it fit, and is it at least as fast as every other plan that
+fits (--plans adds plans beyond the planner's first --top)? Given ckpt=full and
 ckpt=selective with none, it reports the share of full checkpointing's memory saving that
 selective keeps, and the share of its extra step time that selective costs.
 
@@ -178,7 +179,7 @@ def first_choice_check(rows: list[dict], budget: int | None) -> dict | None:
     if not planned:
         return None
     first = min(planned, key=lambda r: r["rank"])
-    fitting = [r for r in planned if r.get("ok") and (budget is None or r["peak_reserved_bytes"] <= budget)]
+    fitting = [r for r in rows if r.get("ok") and (budget is None or r["peak_reserved_bytes"] <= budget)]
     out = {"first_choice": first["plan"], "first_fits": first in fitting}
     if first in fitting:
         faster = [r["plan"] for r in fitting if r is not first
@@ -192,23 +193,28 @@ def gib(n) -> str:
     return f"{n / GiB:.2f}" if n else "-"
 
 
+def _secs(x) -> str:
+    return f"{x:.3f}" if x else "-"
+
+
 def markdown(report: dict) -> str:
     a = report["args"]
     lines = [f"# {a['model']}, batch {a['batch']}, seq {a['seq']}, budget {a['budget'] or 'none'}", "",
              f"{report['device']}, torch {report['torch']}; `{report['command']}`", "",
-             "| plan | rank | fits | step s | x none | peak alloc GiB | predicted | err % | peak reserved GiB "
-             "| predicted | err % |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| plan | rank | fits | step s | predicted s | x none | peak alloc GiB | predicted | err % | "
+             "peak reserved GiB | predicted | err % |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = next((r for r in report["rows"] if r["plan"] == "none" and r.get("ok")), None)
     for r in report["rows"]:
         if not r.get("ok"):
-            lines.append(f"| {r['plan']} | {r.get('rank', '-')} | {'OOM' if r.get('oom') else 'error'} | | | "
+            lines.append(f"| {r['plan']} | {r.get('rank', '-')} | {'OOM' if r.get('oom') else 'error'} | | | | "
                          f"{gib(r.get('peak_allocated_bytes'))} | {gib(r.get('predicted_peak_allocated'))} | | "
                          f"{gib(r.get('peak_reserved_bytes'))} | {gib(r.get('predicted_peak_reserved'))} | |")
             continue
         rel = f"{r['median_step_seconds'] / base['median_step_seconds']:.2f}" if base else "-"
         lines.append(
             f"| {r['plan']} | {r.get('rank', '-')} | {'yes' if r.get('fits', True) else 'no'} | "
-            f"{r['median_step_seconds']:.3f} | {rel} | {gib(r['peak_allocated_bytes'])} | "
+            f"{r['median_step_seconds']:.3f} | {_secs(r.get('predicted_step_seconds'))} | {rel} | "
+            f"{gib(r['peak_allocated_bytes'])} | "
             f"{gib(r.get('predicted_peak_allocated'))} | {r.get('error_allocated_pct', '-')} | "
             f"{gib(r['peak_reserved_bytes'])} | {gib(r.get('predicted_peak_reserved'))} | "
             f"{r.get('error_reserved_pct', '-')} |")
@@ -241,15 +247,21 @@ def main(argv=None) -> int:
         return 0
 
     import torch
+    # the planner's first --top fitting plans, then any --plans not among them (with the
+    # planner's figures where its list has them)
+    fitting = [c for c in json.loads(Path(args.plans_from).read_text()) if c["fits"]] if args.plans_from else []
+    chosen = [c["plan"] for c in fitting[:args.top]]
+    chosen += [p for p in args.plans or [] if p not in chosen]
+    ranked = {c["plan"]: (rank, c) for rank, c in enumerate(fitting)}
     rows: list[dict] = []
-    for plan in args.plans or []:
-        rows.append({"plan": plan})
-    if args.plans_from:
-        cands = json.loads(Path(args.plans_from).read_text())
-        for rank, c in enumerate([c for c in cands if c["fits"]][:args.top]):
-            rows.append({"plan": c["plan"], "rank": rank, "fits": c["fits"],
-                         "predicted_peak_allocated": c["predicted_peak_allocated"],
-                         "predicted_peak_reserved": c["predicted_peak_reserved"], "cost": c["cost"]})
+    for plan in chosen:
+        row = {"plan": plan}
+        if plan in ranked:
+            rank, c = ranked[plan]
+            row.update({"rank": rank, "fits": c["fits"], "predicted_peak_allocated": c["predicted_peak_allocated"],
+                        "predicted_peak_reserved": c["predicted_peak_reserved"], "cost": c["cost"],
+                        "predicted_step_seconds": c.get("step_seconds_h200")})
+        rows.append(row)
     if not rows:
         ap.error("give --plans or --plans-from")
     for row in rows:

@@ -434,9 +434,10 @@ def cmd_plan(ns) -> int:
               f", budget {format_size(ns.budget)}: " +
               (f"{len(fitting)} plans fit, first choice on top" if fitting else
                "no plan fits; the closest ones:"))
-        print(f"{'plan':<44} {'peak reserved':>13} {'cost':>6}  note")
+        print(f"{'plan':<44} {'peak reserved':>13} {'cost':>6} {'H200 s':>7}  note")
         for c in shown:
-            print(f"{str(c.plan):<44} {format_size(c.predicted_peak_reserved):>13} {c.cost:>6.2f}  {c.note}")
+            print(f"{str(c.plan):<44} {format_size(c.predicted_peak_reserved):>13} {c.cost:>6.2f} "
+                  f"{c.step_seconds:>7.3f}  {c.note}")
     return EXIT_OK if fitting else EXIT_OOM
 
 

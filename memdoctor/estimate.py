@@ -56,6 +56,7 @@ from .cuda.kernel_scratch import Gpu, scratch_for
 from .cuda.op_probe import ConvProbe
 from .attribution import breakdown_at, live_blocks
 from .remedies.plan import Plan
+from .step_time import WorkCounter, fused_adamw_work
 from .run import Action, Block, CATEGORIES, Category, Run, stronger
 
 __all__ = ["Estimate", "EstimateError", "estimate", "estimate_built", "train_step", "CUDA_CONTEXT_BYTES",
@@ -149,6 +150,7 @@ class Estimate:
     anchors: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
     config: dict = field(default_factory=dict)
+    work: dict = field(default_factory=dict)
 
     @property
     def device_bytes_needed(self) -> int:
@@ -248,6 +250,7 @@ class Estimate:
             "anchors": self.anchors,
             "config": self.config,
             "notes": self.notes,
+            "work": self.work,
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
@@ -359,6 +362,7 @@ class _KernelWatch(TorchDispatchMode):
         self.accumulations: list[tuple[int, int, tuple[int, ...], int]] = []
         self._node = None
         self._node_start = 0
+        self.work = WorkCounter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         before = len(self.run.actions)
@@ -367,6 +371,8 @@ class _KernelWatch(TorchDispatchMode):
         in_backward = torch._C._current_graph_task_id() != -1
         if in_backward:
             self._note_backward_op(func, args, kwargs, out, before)
+        self.work.note(func, args, kwargs, out, self.recorder.step,
+                       "backward" if in_backward else self.recorder.phase)
         if packet in BLAS_OPS:
             thread = "backward" if in_backward else "forward"
             if thread not in self.blas:
@@ -663,6 +669,10 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         raise
     except Exception as exc:
         raise EstimateError(f"{stage} on fake tensors failed: {type(exc).__name__}: {_first_line(exc)}") from exc
+    fused = fused_adamw_work(optimizer)
+    if fused is not None:
+        for step in range(steps):
+            watch.work.add(step, *fused)
     run = tracer.run
     _inputs_are_the_batch(run, batch_blocks)
     in_place = _sums_in_place(run, watch.accumulations)
@@ -730,7 +740,8 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         peak_seq=peak_seq, live_peak_bytes=replay["live_peak"], category_peaks=replay["category_peaks"],
         category_peaks_raw=replay["category_peaks_raw"],
         by_module=bd.by_module, params=n_params, param_bytes=param_bytes, plan=str(plan),
-        world_size=world_size, budget_bytes=budget, allocator=replay["stats"])
+        world_size=world_size, budget_bytes=budget, allocator=replay["stats"],
+        work={part: w.to_dict() for part, w in watch.work.of_step(steps - 1).items()})
     if budget is not None:
         est.fits, est.oom = _check_budget(run, counted, conf, budget, sizes_of)
     run.meta["estimate"] = {k: v for k, v in est.to_dict().items() if k not in ("anchors", "by_module")}

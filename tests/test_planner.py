@@ -6,7 +6,7 @@ import pytest
 from memdoctor.cli import main
 from memdoctor.estimate import estimate_config
 from memdoctor.remedies.plan import Plan
-from memdoctor.remedies.planner import plan_for_budget, plan_cost
+from memdoctor.remedies.planner import counted_seconds, plan_for_budget
 
 MiB, GiB = 2**20, 2**30
 MODEL, BATCH, SEQ = "gpt2-124m", 4, 512
@@ -41,9 +41,12 @@ def test_tight_budget_picks_the_cheapest_fitting_plan(plain, bf16_full):
     assert first.predicted_peak_reserved == direct.peak_reserved_bytes
     assert all(c.cost >= first.cost for c in cands if c.fits)
     assert not any(c.fits for c in cands if c.plan.is_empty())
+    # costs are predicted step times (memdoctor.step_time) against the plain plan's
+    assert first.step_seconds == pytest.approx(counted_seconds(direct, first.plan))
+    assert first.cost == pytest.approx(first.step_seconds / counted_seconds(plain, Plan()))
     for c in cands:
         assert Plan.parse(str(c.plan)) == c.plan
-        assert c.cost == pytest.approx(plan_cost(c.plan, BATCH))
+        assert c.step_seconds > 0 and c.cost == pytest.approx(first.cost * c.step_seconds / first.step_seconds)
 
 
 def test_micro_batch_shortcut_matches_a_direct_estimate():

@@ -43,8 +43,19 @@ def _existing_ops(names: Sequence[str]) -> frozenset:
 SAVED_OPS = _existing_ops(_SAVED_OP_NAMES)
 
 
+class _Calls:
+    """How many ops selective checkpointing's policy has been asked about: each one passes
+    through a Python dispatch mode, forward and recompute, which costs CPU time per op
+    (memdoctor.step_time counts it)."""
+    count = 0
+
+
+POLICY_CALLS = _Calls()
+
+
 def save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     """Keep what is costly to recompute (matmul-like ops), recompute the rest."""
+    POLICY_CALLS.count += 1
     return CheckpointPolicy.MUST_SAVE if op.overloadpacket in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 

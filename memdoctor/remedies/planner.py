@@ -31,22 +31,25 @@ Activations scale with the micro-batch but copies of the weights do not: tensors
 a parameter (autocast's bf16 weight copies) made outside the optimizer step and outside the
 weights, gradients and optimizer state are kept apart as "weight_copies" and never scaled.
 
-The cost of a plan is a predicted step-time factor against the plain step (1.0). The
-constants are a model, not measurements:
-- bf16 autocast: x0.6 (tensor-core matmuls at twice fp32/TF32 speed, the rest unchanged);
-- full checkpointing: +1/3 (one more forward, a third of a forward+backward step);
-  selective: +0.10 (only the cheap ops are recomputed); N blocks: +1/3 * N/blocks is not
-  searched;
-- micro-batches: x(1 + 0.05 * log2(batch/micro)) (smaller kernels use the GPU less well);
-- optimizer swaps: x1.0, blockwise 8-bit states x1.05. Their fused steps move 20 (bf16
-  states) or ~16 (8-bit) bytes a parameter against fp32 states' 28, and the kernel is a few %
-  of a training step (2.5-2.6 ms for GPT-2 355M on the H200 either way), yet GPT-2 1.5B
-  training stepped 5% slower with 8-bit states than with bf16 states at micro-batch 2 and
-  more at micro-batch 1 (H200 passes 7 and 17, benchmarks/results/gpu/); bf16 states also
-  keep more precision. Ties go to the lower peak;
+The cost of a plan is its predicted step time against the plain plan's (1.0), from the
+work its estimate counted (memdoctor.step_time: ops issued by the CPU against FLOPs and bytes
+run by the GPU, with constants fitted to step times measured on an H200):
+- the structural variants' work is counted in their own estimates: bf16's 16-bit matmuls and
+  casts, the recomputed forward of checkpointing, selective checkpointing's per-op policy;
+- micro-batch m of batch B issues the full-batch step's ops B/m times for the same FLOPs, and
+  sums the gradients B/m - 1 times: free while the GPU's share of the step is the larger,
+  nearly double a halving once the CPU's is (GPT-2 1.5B bf16 on the H200: micro 4, 2 and 1 of
+  batch 8 took +9%, +30% and +138%);
+- an optimizer swap replaces the step's work by memdoctor's fused kernel (each parameter
+  written with its moments, one launch, or one per parameter stepped in backward); blockwise
+  8-bit states cost x1.05 more, as measured (GPT-2 1.5B stepped 5% slower with them than with
+  bf16 states; H200 passes 7 and 17, benchmarks/results/gpu/), and bf16 states keep more
+  precision. Ties go to the lower peak;
 - ZeRO-2: x(1 + 0.05 * log2(world_size)) (reduce-scatter and all-gather over the ranks).
+The structural variants are estimated in the order of a prior guess of their cost
+(PRIOR_COST). A directly verified plan takes the cost of its own counted work.
 The plain plan, when it fits, is always the first choice: nothing needs to change (bf16,
-although cheaper by this model, changes the numerics).
+although cheaper, changes the numerics).
 """
 from __future__ import annotations
 
@@ -59,14 +62,14 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..step_time import SWAP_STATE, Work, fused_step_work, step_seconds
 from .plan import Plan
 
-__all__ = ["Candidate", "plan_for_budget", "plan_cost", "derive", "phase_profile"]
+__all__ = ["Candidate", "plan_for_budget", "prior_cost", "plan_work", "plan_seconds", "derive", "phase_profile"]
 
-BF16_FACTOR = 0.6
-CKPT_COST = {None: 0.0, "selective": 0.10, "full": 1.0 / 3.0}
-MICRO_COST_PER_HALVING = 0.05
-OPT_COST = {None: 1.0, "adamw-bf16": 1.0, "adamw-8bit": 1.05, "in-backward": 1.0, "in-backward-8bit": 1.05}
+# a prior guess of the structural variants' cost: the order they are estimated in
+PRIOR_COST = {"bf16": 0.6, "selective": 0.10, "full": 1.0 / 3.0}
+OPT_COST = {"adamw-8bit": 1.05, "in-backward-8bit": 1.05}   # measured, beyond the counted work
 ZERO_COST_PER_DOUBLING = 0.05
 STATE_BYTES = {"adamw-bf16": 4.0, "adamw-8bit": 2.03, "in-backward-8bit": 2.03}  # per parameter, against 8
 IN_BACKWARD = ("in-backward", "in-backward-8bit")
@@ -82,26 +85,56 @@ class Candidate:
     predicted_peak_allocated: int
     predicted_peak_reserved: int
     fits: bool
-    cost: float
+    cost: float                 # predicted step time against the plain plan's
     note: str = ""
     verified: bool = False
+    step_seconds: float = 0.0   # predicted step time on an H200 (memdoctor.step_time)
 
     def to_dict(self) -> dict[str, Any]:
         return {"plan": str(self.plan), "predicted_peak_allocated": self.predicted_peak_allocated,
                 "predicted_peak_reserved": self.predicted_peak_reserved, "fits": self.fits,
-                "cost": round(self.cost, 4), "note": self.note, "verified": self.verified}
+                "cost": round(self.cost, 4), "step_seconds_h200": round(self.step_seconds, 4),
+                "note": self.note, "verified": self.verified}
 
 
-def plan_cost(plan: Plan, batch: int, world_size: int = 1) -> float:
-    """The predicted step-time factor of `plan` against the plain step (see the module's model)."""
-    cost = BF16_FACTOR if plan.precision == "bf16" else 1.0
-    cost *= 1.0 + CKPT_COST.get(plan.checkpointing, 1.0 / 3.0)
+def prior_cost(plan: Plan) -> float:
+    """A guess of the cost of a structural variant before any estimate: the order the
+    planner estimates them in (bf16 x0.6, checkpointing +1/3 or +0.1, more remedies later)."""
+    cost = PRIOR_COST["bf16"] if plan.precision == "bf16" else 1.0
+    return cost * (1.0 + PRIOR_COST.get(plan.checkpointing, 0.0))
+
+
+def plan_work(base: "_Base", plan: Plan, batch: int) -> tuple[Work, Work]:
+    """(compute, optimizer) work of `plan` derived from its structural variant's counted work."""
+    compute = Work.from_dict(base.est.work.get("compute", {}))
+    optimizer = Work.from_dict(base.est.work.get("optimizer", {}))
     if isinstance(plan.micro_batch, int) and plan.micro_batch < batch:
-        cost *= 1.0 + MICRO_COST_PER_HALVING * math.log2(batch / plan.micro_batch)
-    cost *= OPT_COST.get(plan.optimizer, 1.0)
+        k = -(-batch // plan.micro_batch)
+        compute = Work(compute.ops * k, compute.launches * k, compute.mode_ops * k, compute.flops16,
+                       compute.flops32, compute.bytes + base.grads_total * (k - 1))
+    if plan.optimizer in SWAP_STATE or plan.optimizer == "fused":
+        part, work = fused_step_work(SWAP_STATE.get(plan.optimizer, "fp32"), base.est.params,
+                                     base.est.param_bytes, base.grad_tensors, 1, plan.optimizer in IN_BACKWARD)
+        optimizer = Work()
+        if part == "compute":
+            compute = compute + work
+        else:
+            optimizer = work
+    return compute, optimizer
+
+
+def plan_seconds(plan: Plan, compute: Work, optimizer: Work, world_size: int = 1) -> float:
+    """The predicted step time of `plan` from its work (memdoctor.step_time, H200 constants)."""
+    seconds = step_seconds(compute, optimizer) * OPT_COST.get(plan.optimizer, 1.0)
     if plan.zero is not None and world_size > 1:
-        cost *= 1.0 + ZERO_COST_PER_DOUBLING * math.log2(world_size)
-    return cost
+        seconds *= 1.0 + ZERO_COST_PER_DOUBLING * math.log2(world_size)
+    return seconds
+
+
+def counted_seconds(est, plan: Plan, world_size: int = 1) -> float:
+    """The predicted step time of a plan from its own estimate's counted work."""
+    return plan_seconds(plan, Work.from_dict(est.work.get("compute", {})),
+                        Work.from_dict(est.work.get("optimizer", {})), world_size)
 
 
 @dataclass
@@ -111,6 +144,7 @@ class _Base:
     phases: dict[str, dict[str, int]]
     grads_total: int
     largest_grad: int
+    grad_tensors: int
     world_size: int
     zero: int | None
     profile_peak: int = field(init=False)
@@ -240,10 +274,11 @@ class _Estimates:
         return self._done[key]
 
 
-def _grad_sizes(est) -> tuple[int, int]:
+def _grad_sizes(est) -> tuple[int, int, int]:
+    """The gradients' total bytes, the largest one's, and how many there are (of one step)."""
     sizes = [b.nbytes for b in est.run.blocks.values() if b.category == "gradients" and b.step == 1] or \
             [b.nbytes for b in est.run.blocks.values() if b.category == "gradients"]
-    return sum(sizes), max(sizes, default=0)
+    return sum(sizes), max(sizes, default=0), len(sizes)
 
 
 def derive(base: _Base, plan: Plan, batch: int) -> tuple[int, int, str]:
@@ -344,7 +379,7 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
         return (model_name_or_build, batch, seq, str(plan), world_size, config)
 
     plans = _combinations(batch, world_size, candidates)
-    plans.sort(key=lambda p: (plan_cost(p, batch, world_size), len(str(p))))
+    plans.sort(key=lambda p: (prior_cost(p), len(str(p))))
     keys: list[tuple] = []
     for plan in plans:
         key = (plan.precision, plan.checkpointing, plan.zero)
@@ -364,8 +399,8 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
                 if isinstance(est, EstimateError):
                     bases[key] = None
                 else:
-                    gt, gl = _grad_sizes(est)
-                    bases[key] = _Base(est, phase_profile(est, world_size, key[2]), gt, gl, world_size, key[2])
+                    bases[key] = _Base(est, phase_profile(est, world_size, key[2]), *_grad_sizes(est),
+                                       world_size, key[2])
             return bases[key]
 
         return _rank_and_verify(plans, keys, base_of, estimates, fits, batch, world_size, verify)
@@ -373,29 +408,33 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
 
 def _rank_and_verify(plans: list[Plan], keys: list[tuple], base_of: Callable, estimates: _Estimates,
                      fits: Callable, batch: int, world_size: int, verify: int) -> list[Candidate]:
-    """The candidates from the structural estimates, ranked; the first `verify` fitting ones
-    estimated directly (started as each is found, in order of cost, to overlap the rest)."""
+    """The candidates from the structural estimates, ranked by predicted step time; the first
+    `verify` fitting ones then estimated directly, in parallel, until they all hold."""
     from ..estimate import EstimateError
+    # costs are against the plain plan (or, if it could not be estimated, the first that could)
+    plain = (None, None, None)
+    ref_key = next((k for k in ([plain] if plain in keys else []) + keys if base_of(k) is not None), None)
+    if ref_key is None:
+        return []
+    ref_seconds = counted_seconds(base_of(ref_key).est, Plan(ref_key[0], ref_key[1], None, None, ref_key[2]),
+                                  world_size) or 1.0
     out: list[Candidate] = []
     for plan in plans:
-        if any(c.fits and _subset(c.plan, plan) and c.plan != plan for c in out):
-            continue
         key = (plan.precision, plan.checkpointing, plan.zero)
-        if key not in keys:
-            continue
-        base = base_of(key)
+        base = base_of(key) if key in keys else None
         if base is None:
             continue
+        seconds = plan_seconds(plan, *plan_work(base, plan, batch), world_size)
+        cost = seconds / ref_seconds
+        if any(c.fits and _subset(c.plan, plan) and c.plan != plan and c.cost <= cost for c in out):
+            continue            # what it adds buys nothing: a part of it fits, and is as fast
         structural_only = plan.micro_batch is None and plan.optimizer is None
         if structural_only:
             alloc, reserved, note = base.est.peak_allocated_bytes, base.est.peak_reserved_bytes, "estimated"
         else:
             alloc, reserved, note = derive(base, plan, batch)
-        cand = Candidate(plan, alloc, reserved, fits(reserved), plan_cost(plan, batch, world_size), note,
-                         verified=structural_only)
-        out.append(cand)
-        if cand.fits and not structural_only and sum(c.fits for c in out) <= verify:
-            estimates.start([plan])
+        out.append(Candidate(plan, alloc, reserved, fits(reserved), cost, note, verified=structural_only,
+                             step_seconds=seconds))
 
     def rank(cands: list[Candidate]) -> list[Candidate]:
         good = sorted((c for c in cands if c.fits),
@@ -417,6 +456,8 @@ def _rank_and_verify(plans: list[Plan], keys: list[tuple], base_of: Callable, es
                 continue
             cand.predicted_peak_allocated, cand.predicted_peak_reserved = \
                 est.peak_allocated_bytes, est.peak_reserved_bytes
+            cand.step_seconds = counted_seconds(est, cand.plan, world_size)
+            cand.cost = cand.step_seconds / ref_seconds
             cand.fits = fits(cand.predicted_peak_reserved)
             cand.note = (cand.note + "; " if cand.note else "") + "verified by a direct estimate"
         out = rank(out)
