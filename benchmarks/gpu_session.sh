@@ -19,6 +19,7 @@
 #   bash benchmarks/gpu_session.sh 15   # why batch-8 estimates are slow on this CUDA build; step times to cost micro-batches
 #   bash benchmarks/gpu_session.sh 16   # plans ranked by the step-time model: first choice against other fitting plans; planner speed
 #   bash benchmarks/gpu_session.sh 17   # the whole GPU suite after the step-time model (as part 12)
+#   bash benchmarks/gpu_session.sh 18   # the close 32 GiB plans, three times round-robin on each GPU
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -260,5 +261,15 @@ elif [ "$part" = 17 ]; then
         tests/test_remedies.py tests/test_step_time.py &
     wait
     lane 0,1 zero_tests python -m pytest -q -s -p no:cacheprovider tests/gpu/test_zero_gpu.py
+elif [ "$part" = 18 ]; then
+    # pass 22's 32 GiB plans were within 8% of each other, and one plan's step time differed
+    # by 12% between passes 21 and 22: each GPU measures them all three times, round-robin
+    P=benchmarks/results/plans
+    for gpu in 0 1; do
+        lane $gpu close_plans_gpu$gpu python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 \
+            --budget 32GiB --plans-from $P/gpt2-1.5b_b8_32GiB.json --top 4 --steps 12 --repeats 3 \
+            --tag gpt2-1.5b_b8_32GiB_gpu$gpu --plans bf16,ckpt=full bf16,ckpt=full,opt=in-backward-8bit &
+    done
+    wait
 fi
 tail -n 3 "$OUT"/*.log

@@ -4,7 +4,8 @@ For each plan a fresh process builds the model on cuda (random init), caps the c
 allocator at --budget (`torch.cuda.set_per_process_memory_fraction`), applies the plan with
 `memdoctor.remedies.prepare`, trains --steps steps through `Prepared.step`, and reports
 `max_memory_allocated()`, `max_memory_reserved()` and the median step time of the second
-half of the steps (the steady state: the first steps compile and autotune Triton kernels and
+half of the steps (with --repeats N, the median of N such runs, made round-robin so every
+plan meets the same conditions; runs of one plan differed by up to 12% across passes) (the steady state: the first steps compile and autotune Triton kernels and
 grow the allocator's pool; on the H200 steps 3-4 took up to 3x the later ones, passes 5, 7
 and 17). Given the planner's output (`memdoctor plan --json`), the measured peaks are set next
 to its predictions (peaks and step time) and the planner's first choice is checked against
@@ -234,6 +235,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plans-from", help="`memdoctor plan --json` output: measure its candidates")
     ap.add_argument("--top", type=int, default=4, help="with --plans-from: the first N fitting candidates")
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="measure the plans this many times, round-robin (step time: the median)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds for one plan")
     ap.add_argument("--tag", help="output name (default: model, batch and budget)")
     ap.add_argument("--out", default=os.environ.get("OUT") or "out")
@@ -264,10 +267,17 @@ def main(argv=None) -> int:
         rows.append(row)
     if not rows:
         ap.error("give --plans or --plans-from")
+    for repeat in range(args.repeats):      # round-robin: every plan under the same conditions
+        for row in rows:
+            got = run_child(args, row["plan"])
+            if repeat and row.get("ok") and got.get("ok"):
+                row["repeat_step_seconds"].append(got["median_step_seconds"])
+                continue
+            row.update({k: v for k, v in got.items() if k != "plan"})
+            row["repeat_step_seconds"] = [got["median_step_seconds"]] if got.get("ok") else []
     for row in rows:
-        got = run_child(args, row["plan"])
-        row.update({k: v for k, v in got.items() if k != "plan"})
         if row.get("ok"):
+            row["median_step_seconds"] = statistics.median(row["repeat_step_seconds"])
             row["fits"] = budget is None or row["peak_reserved_bytes"] <= budget
             row["error_allocated_pct"] = error_pct(row.get("predicted_peak_allocated"), row["peak_allocated_bytes"])
             row["error_reserved_pct"] = error_pct(row.get("predicted_peak_reserved"), row["peak_reserved_bytes"])
