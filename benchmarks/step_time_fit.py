@@ -20,9 +20,12 @@ if str(ROOT) not in sys.path:
 
 GPU = ROOT / "benchmarks" / "results" / "gpu"
 # steady-state step times (the second half of 12 steps), two lanes side by side and nothing else
+# (pass 23: each plan three times round-robin, on each GPU)
 MEASURED = [GPU / "h200x2_pass21" / "plan_apply_gpt2-1.5b_b8_bf16_nocap.json",
             GPU / "h200x2_pass21" / "plan_apply_gpt2-1.5b_b8_32GiB_costs.json",
-            GPU / "h200x2_pass18" / "plan_apply_gpt2-1.5b_b2_16GiB.json"]
+            GPU / "h200x2_pass18" / "plan_apply_gpt2-1.5b_b2_16GiB.json",
+            GPU / "h200x2_pass23" / "plan_apply_gpt2-1.5b_b8_32GiB_gpu0.json",
+            GPU / "h200x2_pass23" / "plan_apply_gpt2-1.5b_b8_32GiB_gpu1.json"]
 
 
 def measured_rows() -> list[dict]:
@@ -47,14 +50,21 @@ def work_of(row: dict, cache: dict) -> dict:
     return cache[key]
 
 
-def predict(work: dict, machine) -> float:
+def predict(work: dict, machine, plan: str = "none") -> float:
+    """The step time the planner predicts: memdoctor.step_time with `machine`, and the
+    planner's measured extra for 8-bit states."""
+    from memdoctor.remedies.plan import Plan
+    from memdoctor.remedies.planner import OPT_COST
     from memdoctor.step_time import Work, step_seconds
-    return step_seconds(Work.from_dict(work["compute"]), Work.from_dict(work["optimizer"]), machine)
+    seconds = step_seconds(Work.from_dict(work["compute"]), Work.from_dict(work["optimizer"]), machine)
+    return seconds * OPT_COST.get(Plan.parse(plan).optimizer, 1.0)
 
 
 def fit(rows: list[dict]):
     """The constants with the least sum of squared log errors, on a log-spaced grid."""
     import numpy as np
+    from memdoctor.remedies.plan import Plan
+    from memdoctor.remedies.planner import OPT_COST
     from memdoctor.step_time import Machine
 
     def grid(lo: float, hi: float, n: int):
@@ -68,13 +78,14 @@ def fit(rows: list[dict]):
     for p in (1.0, 1.25, 1.5, 2.0, 3.0, 4.0):
         err = np.zeros(op_s.shape)
         for r in rows:
-            t = 0.0
+            t = OPT_COST.get(Plan.parse(r["plan"]).optimizer, 1.0)
+            s = 0.0
             for part in ("compute", "optimizer"):
                 w = r["work"][part]
                 cpu = w["ops"] * op_s + w.get("launches", 0) * launch + w.get("mode_ops", 0) * mode
                 gpu = w["flops16"] / f16 + w["flops32"] / f32 + w["bytes"] / bw
-                t = t + (cpu ** p + gpu ** p) ** (1.0 / p)
-            err += np.log(t / r["measured_s"]) ** 2
+                s = s + (cpu ** p + gpu ** p) ** (1.0 / p)
+            err += np.log(t * s / r["measured_s"]) ** 2
         i = np.unravel_index(np.argmin(err), err.shape)
         if best is None or err[i] < best[0]:
             best = (err[i], Machine("fit", float(op_s[i]), float(launch[i]), float(mode[i]), float(f16[i]), float(f32[i]),
@@ -105,7 +116,7 @@ def main() -> int:
              "| model | batch | plan | ops | measured s | fitted s | err % | H200 constants s | err % |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        fitted, shipped = predict(r["work"], m), predict(r["work"], H200)
+        fitted, shipped = predict(r["work"], m, r["plan"]), predict(r["work"], H200, r["plan"])
         lines.append(f"| {r['model']} | {r['batch']} | {r['plan']} | {r['work']['compute']['ops']} | "
                      f"{r['measured_s']:.3f} | {fitted:.3f} | {100 * (fitted / r['measured_s'] - 1):+.0f} | "
                      f"{shipped:.3f} | {100 * (shipped / r['measured_s'] - 1):+.0f} |")

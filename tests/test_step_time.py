@@ -110,11 +110,10 @@ def test_the_h200_constants_reproduce_the_measured_step_times():
         sys.path.pop(0)
     cache = json.loads((ROOT / "benchmarks" / "results" / "step_time_work.json").read_text())
     rows = step_time_fit.measured_rows()
-    assert len(rows) >= 10
-    for r in rows:
-        work = cache[f"{r['model']}/b{r['batch']}/s{r['seq']}/{r['plan']}"]
-        predicted = step_time_fit.predict(work, H200)
-        assert predicted == pytest.approx(r["measured_s"], rel=0.10), r["plan"]
+    assert len(rows) >= 20
+    errors = sorted(abs(step_time_fit.predict(cache[f"{r['model']}/b{r['batch']}/s{r['seq']}/{r['plan']}"], H200,
+                                              r["plan"]) / r["measured_s"] - 1) for r in rows)
+    assert errors[len(errors) // 2] <= 0.07 and errors[-1] <= 0.20
 
 
 def test_counted_work_of_a_known_model_is_stable():
