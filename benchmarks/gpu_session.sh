@@ -20,6 +20,7 @@
 #   bash benchmarks/gpu_session.sh 16   # plans ranked by the step-time model: first choice against other fitting plans; planner speed
 #   bash benchmarks/gpu_session.sh 17   # the whole GPU suite after the step-time model (as part 12)
 #   bash benchmarks/gpu_session.sh 18   # the close 32 GiB plans, three times round-robin on each GPU
+#   bash benchmarks/gpu_session.sh 19   # the three full-checkpointing plans that tied, four times more on each GPU
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -269,6 +270,15 @@ elif [ "$part" = 18 ]; then
         lane $gpu close_plans_gpu$gpu python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 \
             --budget 32GiB --plans-from $P/gpt2-1.5b_b8_32GiB.json --top 4 --steps 12 --repeats 3 \
             --tag gpt2-1.5b_b8_32GiB_gpu$gpu --plans bf16,ckpt=full bf16,ckpt=full,opt=in-backward-8bit &
+    done
+    wait
+elif [ "$part" = 19 ]; then
+    # pass 23: the first choice and two other full-checkpointing plans within 1-3% of each
+    # other; more runs of just those three, round-robin, on each GPU
+    for gpu in 0 1; do
+        lane $gpu tie_gpu$gpu python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --seq 1024 \
+            --budget 32GiB --plans-from benchmarks/results/plans/gpt2-1.5b_b8_32GiB.json --top 3 --steps 12 \
+            --repeats 4 --tag gpt2-1.5b_b8_32GiB_tie_gpu$gpu &
     done
     wait
 fi
