@@ -48,14 +48,13 @@ class Work:
                     self.flops16 + other.flops16, self.flops32 + other.flops32, self.bytes + other.bytes)
 
     def to_dict(self) -> dict:
-        return {"ops": self.ops, "launches": self.launches, "mode_ops": self.mode_ops, "flops16": self.flops16, "flops32": self.flops32,
-                "bytes": self.bytes}
+        return {"ops": self.ops, "launches": self.launches, "mode_ops": self.mode_ops, "flops16": self.flops16,
+                "flops32": self.flops32, "bytes": self.bytes}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Work":
         return cls(int(d.get("ops", 0)), int(d.get("launches", 0)), int(d.get("mode_ops", 0)),
-                   float(d.get("flops16", 0.0)),
-                   float(d.get("flops32", 0.0)), float(d.get("bytes", 0.0)))
+                   float(d.get("flops16", 0.0)), float(d.get("flops32", 0.0)), float(d.get("bytes", 0.0)))
 
 
 @dataclass
@@ -85,7 +84,8 @@ class WorkCounter:
             else:
                 work.flops32 += flops
         written = out
-        if func._schema.is_mutable and func.overloadpacket.__name__.endswith("_"):
+        schema = getattr(func, "_schema", None)
+        if schema is not None and schema.is_mutable and func.overloadpacket.__name__.endswith("_"):
             written = args[0] if args else None       # in place: what it writes is its first argument
         work.bytes += _bytes_of(written)
 

@@ -5,10 +5,11 @@
 
 How it searches (fast enough for GPT-2 1.5B on a CPU, where one estimate takes seconds):
 - the structural variants (precision x checkpointing x ZeRO) are estimated with
-  memdoctor.estimate at the full batch, in order of cost, at most `max_estimates`; for a
-  known model on a machine with more than two cores they are estimated all at once in worker
-  processes (one core each), otherwise lazily, one by one; the direct estimates that verify
-  the first fitting plans (below) start in the same workers as soon as each plan is found;
+  memdoctor.estimate at the full batch, in order of a prior guess of their cost, at most
+  `max_estimates`; for a known model on a machine with more than two cores they are
+  estimated all at once in worker processes (one core each), otherwise lazily, one by one;
+  the direct estimates that verify the first fitting plans (below) then run in the same
+  workers, all at once;
 - from each such estimate a per-phase profile is taken (the live bytes of every category
   at the peak of each phase: forward, backward, optimizer, ...), and the micro-batch and
   optimizer variants are derived from it arithmetically:
@@ -42,9 +43,10 @@ run by the GPU, with constants fitted to step times measured on an H200):
   batch 8 took +9%, +30% and +138%);
 - an optimizer swap replaces the step's work by memdoctor's fused kernel (each parameter
   written with its moments, one launch, or one per parameter stepped in backward); blockwise
-  8-bit states cost x1.05 more, as measured (GPT-2 1.5B stepped 5% slower with them than with
-  bf16 states; H200 passes 7 and 17, benchmarks/results/gpu/), and bf16 states keep more
-  precision. Ties go to the lower peak;
+  8-bit states cost x1.05 more: GPT-2 1.5B stepped 9-18% slower with them than with bf16
+  states at micro-batch 2, and as fast with full checkpointing (H200 passes 17, 18, 23 and
+  25, benchmarks/results/gpu/); bf16 states also keep more precision. Ties go to the lower
+  peak;
 - ZeRO-2: x(1 + 0.05 * log2(world_size)) (reduce-scatter and all-gather over the ranks).
 The structural variants are estimated in the order of a prior guess of their cost
 (PRIOR_COST). A directly verified plan takes the cost of its own counted work.
