@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-
 from memdoctor.cli import main
 from memdoctor.ranks import merge_findings, per_rank_path, rank_info
 from memdoctor.rules.base import FREE_FIX, STRUCTURAL, Finding
