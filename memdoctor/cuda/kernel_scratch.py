@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .reduce_scratch import _div_up, reduction_scratch_bytes
+from .reduce_scratch import div_up, reduction_scratch_bytes
 
 aten = torch.ops.aten
 
@@ -118,9 +118,9 @@ def _efficient_attention_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
         out.append(Scratch(grad_out.numel() * 4, "attention backward: grad_out * out for delta", outlives=2))
         out.append(Scratch(per_query, "attention backward: delta before transposing", outlives=1))
     out.append(Scratch(per_query, "attention backward: delta"))
-    kmax = 64 if k <= 64 else _div_up(k, 64) * 64
+    kmax = 64 if k <= 64 else div_up(k, 64) * 64
     tile = 64 * kmax
-    out.append(Scratch(b * h * _div_up(m, 64) * (4 + tile) * 4, "attention backward: grad_q workspace"))
+    out.append(Scratch(b * h * div_up(m, 64) * (4 + tile) * 4, "attention backward: grad_q workspace"))
     return out
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
-__all__ = ["ReduceConfig", "reduction_scratch_bytes"]
+__all__ = ["ReduceConfig", "reduction_scratch_bytes", "div_up"]
 
 INT32_MAX = 2**31 - 1
 MAX_NUM_THREADS = 512          # mnt_wrapper<T>::MAX_NUM_THREADS (256 for complex<double>)
@@ -41,7 +41,8 @@ MIN_VALUES_PER_THREAD = 16
 MAX_VALUES_PER_THREAD = 256
 
 
-def _div_up(a: int, b: int) -> int:
+def div_up(a: int, b: int) -> int:
+    """a / b rounded up, as CUDA code sizes grids and tiles (at::ceil_div)."""
     return (a + b - 1) // b
 
 
@@ -160,7 +161,7 @@ class ReduceConfig:
         return step
 
     def grid(self) -> tuple[int, int]:
-        return _div_up(self.num_outputs // self.output_vec_size, self.step_output), self.ctas_per_output
+        return div_up(self.num_outputs // self.output_vec_size, self.step_output), self.ctas_per_output
 
     def should_block_x_reduce(self) -> bool:
         return self.input_mult[0] != 0
@@ -169,7 +170,7 @@ class ReduceConfig:
         return self.input_mult[2] != 0
 
     def values_per_thread(self) -> int:
-        return _div_up(self.num_inputs, self.step_input)
+        return div_up(self.num_inputs, self.step_input)
 
     def global_memory_size(self) -> int:
         if not self.should_global_reduce():
@@ -234,9 +235,9 @@ def _set_reduce_config(it: _Iter, acc_bytes: int, vt0: int, input_vec_size: int,
     if (config.input_mult[1] != 0 and config.values_per_thread() >= MAX_VALUES_PER_THREAD
             and grid <= target_grid_size):
         # Split each output's inputs across blocks: a reduction through global memory.
-        ctas1 = _div_up(target_grid_size, grid)
-        ctas2 = _div_up(config.values_per_thread(), MIN_VALUES_PER_THREAD)
-        ctas3 = _div_up(config.values_per_thread(), MAX_VALUES_PER_THREAD)
+        ctas1 = div_up(target_grid_size, grid)
+        ctas2 = div_up(config.values_per_thread(), MIN_VALUES_PER_THREAD)
+        ctas3 = div_up(config.values_per_thread(), MAX_VALUES_PER_THREAD)
         config.ctas_per_output = max(min(ctas1, ctas2), ctas3)
         if config.ctas_per_output > 1:
             config.input_mult[2] = config.split_input(config.ctas_per_output)
