@@ -21,6 +21,7 @@
 #   bash benchmarks/gpu_session.sh 17   # the whole GPU suite after the step-time model (as part 12)
 #   bash benchmarks/gpu_session.sh 18   # the close 32 GiB plans, three times round-robin on each GPU
 #   bash benchmarks/gpu_session.sh 19   # the three full-checkpointing plans that tied, four times more on each GPU
+#   bash benchmarks/gpu_session.sh 20   # models the step-time model was not fitted to: GPT-2 774M under 12 GiB, Llama 1B under 20 GiB
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -280,6 +281,16 @@ elif [ "$part" = 19 ]; then
             --budget 32GiB --plans-from benchmarks/results/plans/gpt2-1.5b_b8_32GiB.json --top 3 --steps 12 \
             --repeats 4 --tag gpt2-1.5b_b8_32GiB_tie_gpu$gpu &
     done
+    wait
+elif [ "$part" = 20 ]; then
+    # plans for models whose step times the constants were not fitted to, made on the CPU;
+    # their fitting plans (and two more for GPT-2 774M) twice round-robin
+    P=benchmarks/results/plans
+    lane 0 plans_774m_12GiB python benchmarks/plan_apply.py --model gpt2-774m --batch 8 --seq 1024 --budget 12GiB \
+        --plans-from $P/gpt2-774m_b8_12GiB.json --top 4 --steps 12 --repeats 2 --tag gpt2-774m_b8_12GiB \
+        --plans bf16,ckpt=full,micro=2,opt=adamw-8bit ckpt=full,micro=2,opt=adamw-8bit &
+    lane 1 plans_llama_20GiB python benchmarks/plan_apply.py --model llama-1b --batch 4 --seq 1024 --budget 20GiB \
+        --plans-from $P/llama-1b_b4_20GiB.json --top 5 --steps 12 --repeats 2 --tag llama-1b_b4_20GiB &
     wait
 fi
 tail -n 3 "$OUT"/*.log
