@@ -22,6 +22,7 @@
 #   bash benchmarks/gpu_session.sh 18   # the close 32 GiB plans, three times round-robin on each GPU
 #   bash benchmarks/gpu_session.sh 19   # the three full-checkpointing plans that tied, four times more on each GPU
 #   bash benchmarks/gpu_session.sh 20   # models the step-time model was not fitted to: GPT-2 774M under 12 GiB, Llama 1B under 20 GiB
+#   bash benchmarks/gpu_session.sh 21   # why Llama 1B's first choice ran out of memory under 20 GiB: the step it failed in, the allocator trace
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -292,5 +293,14 @@ elif [ "$part" = 20 ]; then
     lane 1 plans_llama_20GiB python benchmarks/plan_apply.py --model llama-1b --batch 4 --seq 1024 --budget 20GiB \
         --plans-from $P/llama-1b_b4_20GiB.json --top 5 --steps 12 --repeats 2 --tag llama-1b_b4_20GiB &
     wait
+elif [ "$part" = 21 ]; then
+    # pass 26: bf16,ckpt=full,opt=adamw-bf16 predicted 18.78 GiB reserved for Llama 1B at batch 4,
+    # reached exactly that, then failed to allocate 1.96 GiB under the 20 GiB cap
+    lane 0 llama_capped python benchmarks/plan_apply.py --model llama-1b --batch 4 --seq 1024 --budget 20GiB \
+        --steps 12 --tag llama-1b_b4_20GiB_oom --plans bf16,ckpt=full,opt=adamw-bf16 &
+    lane 1 llama_trace python benchmarks/allocator_trace_capture.py --plain --out "$OUT/traces" \
+        "llama-1b/bf16,ckpt=full,opt=adamw-bf16/b4" &
+    wait
+    tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"
 fi
 tail -n 3 "$OUT"/*.log

@@ -99,12 +99,13 @@ def measure_plan(model: str, batch: int, seq: int, plan: str, budget: int | None
         cap_cuda(budget)
     t0 = time.perf_counter()
     result: dict = {"plan": plan}
+    times: list[float] = []
     try:
         with torch.device("cuda" if cuda else "cpu"):
             net, optimizer, data, loss_fn = build(model, batch, seq)
         result["params"] = sum(p.numel() for p in {id(p): p for p in net.parameters()}.values())
         prepared = prepare(net, optimizer, plan, device_type="cuda" if cuda else "cpu")
-        times, losses = [], []
+        losses = []
         for _ in range(steps):
             if cuda:
                 torch.cuda.synchronize()
@@ -124,7 +125,7 @@ def measure_plan(model: str, batch: int, seq: int, plan: str, budget: int | None
             losses=losses,
         )
     except torch.OutOfMemoryError as exc:
-        result.update(ok=False, oom=True, error=str(exc).splitlines()[0][:300],
+        result.update(ok=False, oom=True, error=str(exc).splitlines()[0][:300], oom_step=len(times),
                       peak_allocated_bytes=torch.cuda.max_memory_allocated(),
                       peak_reserved_bytes=torch.cuda.max_memory_reserved())
     except Exception as exc:
