@@ -92,7 +92,7 @@ def measure(job: dict, oplog: bool = True, frames: bool = False) -> dict:
         optimizer = prepared.optimizer
     log = OpLog()
     with log if oplog else contextlib.nullcontext():
-        for _ in range(2):
+        for _ in range(job.get("steps", 2)):
             train_step(model, optimizer, batch, loss_fn, prepared)
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
@@ -114,7 +114,7 @@ def predict(job: dict) -> dict:
     spec = get(job["model"])
     est = estimate(lambda: spec.build_model(job["seq"]), lambda m: make_optimizer("adamw", m),
                    lambda: spec.make_batch(job["batch"], job["seq"]), spec.loss_fn,
-                   plan=job["plan"], device="cuda")
+                   plan=job["plan"], device="cuda", steps=job.get("steps", 2))
     run = est.run
     events = []
     for action, bid, nbytes in zip(run.actions, run.event_blocks, run.event_bytes):
@@ -131,11 +131,14 @@ def main(argv=None) -> int:
     ap.add_argument("--plain", action="store_true",
                     help="no per-op log: a Python dispatch mode changes some allocations (pass 12)")
     ap.add_argument("--frames", action="store_true", help="each allocation's innermost C++ and Python frames")
+    ap.add_argument("--seq", type=int, help="the sequence length (default: estimate_accuracy's for the model)")
+    ap.add_argument("--steps", type=int, default=2, help="training steps measured and estimated (default 2)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for cid in args.ids:
         job = parse_id(cid)
+        job.update(steps=args.steps, **({"seq": args.seq} if args.seq else {}))
         t0 = time.perf_counter()
         rec = {"job": job, "torch": torch.__version__,
                "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
