@@ -415,7 +415,8 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
 def _rank_and_verify(plans: list[Plan], keys: list[tuple], base_of: Callable, estimates: _Estimates,
                      fits: Callable, batch: int, world_size: int, verify: int) -> list[Candidate]:
     """The candidates from the structural estimates, ranked by predicted step time; the first
-    `verify` fitting ones then estimated directly, in parallel, until they all hold."""
+    `verify` fitting ones, and cheaper ones that may fit (to_check), then estimated directly,
+    in parallel, a round at a time until the lead holds."""
     from ..estimate import EstimateError
     # costs are against the plain plan (or, if it could not be estimated, the first that could)
     plain = (None, None, None)
