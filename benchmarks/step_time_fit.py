@@ -54,10 +54,10 @@ def predict(work: dict, machine, plan: str = "none") -> float:
     """The step time the planner predicts: memdoctor.step_time with `machine`, and the
     planner's measured extra for 8-bit states."""
     from memdoctor.remedies.plan import Plan
-    from memdoctor.remedies.planner import OPT_COST
-    from memdoctor.step_time import Work, step_seconds
-    seconds = step_seconds(Work.from_dict(work["compute"]), Work.from_dict(work["optimizer"]), machine)
-    return seconds * OPT_COST.get(Plan.parse(plan).optimizer, 1.0)
+    from memdoctor.remedies.planner import plan_seconds
+    from memdoctor.step_time import Work
+    return plan_seconds(Plan.parse(plan), Work.from_dict(work["compute"]), Work.from_dict(work["optimizer"]),
+                        machine=machine)
 
 
 def fit(rows: list[dict]):

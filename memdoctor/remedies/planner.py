@@ -68,7 +68,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..step_time import SWAP_STATE, Work, fused_step_work, step_seconds
+from ..step_time import H200, SWAP_STATE, Machine, Work, fused_step_work, step_seconds
 from .plan import Plan
 
 __all__ = ["Candidate", "plan_for_budget", "prior_cost", "plan_work", "plan_seconds", "derive", "phase_profile"]
@@ -129,9 +129,10 @@ def plan_work(base: "_Base", plan: Plan, batch: int) -> tuple[Work, Work]:
     return compute, optimizer
 
 
-def plan_seconds(plan: Plan, compute: Work, optimizer: Work, world_size: int = 1) -> float:
-    """The predicted step time of `plan` from its work (memdoctor.step_time, H200 constants)."""
-    seconds = step_seconds(compute, optimizer) * OPT_COST.get(plan.optimizer, 1.0)
+def plan_seconds(plan: Plan, compute: Work, optimizer: Work, world_size: int = 1,
+                 machine: Machine = H200) -> float:
+    """The predicted step time of `plan` from its work (memdoctor.step_time; H200 constants by default)."""
+    seconds = step_seconds(compute, optimizer, machine) * OPT_COST.get(plan.optimizer, 1.0)
     if plan.zero is not None and world_size > 1:
         seconds *= 1.0 + ZERO_COST_PER_DOUBLING * math.log2(world_size)
     return seconds
