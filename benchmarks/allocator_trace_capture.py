@@ -31,6 +31,7 @@ import torch  # noqa: E402
 from estimate_accuracy import MODELS, MODES, _reset_cuda  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
+from memdoctor.units import parse_size  # noqa: E402
 
 def parse_id(cid: str) -> dict:
     """An estimate_accuracy configuration id ("model/mode/bBATCH") as that benchmark's job; the
@@ -78,7 +79,10 @@ def measure(job: dict, oplog: bool = True, frames: bool = False) -> dict:
     from memdoctor.estimate import train_step
     from memdoctor.estimate_models import get
     from memdoctor.remedies import prepare
+    from memdoctor.trace.budget import cap_cuda
     _reset_cuda()
+    if job.get("cap"):
+        cap_cuda(job["cap"])
     torch.cuda.reset_peak_memory_stats()
     build = get(job["model"]).builder(batch=job["batch"], seq=job["seq"])
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc" if frames else None,
@@ -91,16 +95,25 @@ def measure(job: dict, oplog: bool = True, frames: bool = False) -> dict:
         prepared = prepare(model, optimizer, job["plan"], device_type="cuda")
         optimizer = prepared.optimizer
     log = OpLog()
-    with log if oplog else contextlib.nullcontext():
-        for _ in range(job.get("steps", 2)):
-            train_step(model, optimizer, batch, loss_fn, prepared)
+    oom = None
+    try:
+        with log if oplog else contextlib.nullcontext():
+            for step in range(job.get("steps", 2)):
+                train_step(model, optimizer, batch, loss_fn, prepared)
+    except torch.OutOfMemoryError as exc:   # under --cap: the trace up to it, and the segments at it
+        oom = {"step": step, "message": str(exc).splitlines()[0]}
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
+    if oom is not None:
+        oom["segments"] = [{"address": seg["address"], "total_size": seg["total_size"],
+                            "allocated_size": seg["allocated_size"], "pool": seg["segment_type"],
+                            "blocks": [[b["size"], b["state"]] for b in seg["blocks"]]}
+                           for seg in snap["segments"]]
     torch.cuda.memory._record_memory_history(enabled=None)
     trace = [{"action": e["action"], "addr": e["addr"], "size": e["size"], "stream": e.get("stream", 0),
               **({"frames": _frames(e)} if frames and e["action"] == "alloc" else {})}
              for e in snap["device_traces"][0]]
-    result = {"base_alloc_count": base, "real_ops": log.ops, "real_trace": trace,
+    result = {"base_alloc_count": base, "real_ops": log.ops, "real_trace": trace, "oom": oom,
               "max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
               "stats": {k: v for k, v in torch.cuda.memory_stats().items()
                         if k.startswith(("segment.", "allocation.", "num_"))}}
@@ -114,7 +127,7 @@ def predict(job: dict) -> dict:
     spec = get(job["model"])
     est = estimate(lambda: spec.build_model(job["seq"]), lambda m: make_optimizer("adamw", m),
                    lambda: spec.make_batch(job["batch"], job["seq"]), spec.loss_fn,
-                   plan=job["plan"], device="cuda", steps=job.get("steps", 2))
+                   plan=job["plan"], device="cuda", steps=job.get("steps", 2), budget=job.get("cap"))
     run = est.run
     events = []
     for action, bid, nbytes in zip(run.actions, run.event_blocks, run.event_bytes):
@@ -133,12 +146,15 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", action="store_true", help="each allocation's innermost C++ and Python frames")
     ap.add_argument("--seq", type=int, help="the sequence length (default: estimate_accuracy's for the model)")
     ap.add_argument("--steps", type=int, default=2, help="training steps measured and estimated (default 2)")
+    ap.add_argument("--cap", help="cap the allocator at this size (as plan_apply's --budget) and record "
+                                  "the trace up to an OOM, with the segments at it")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for cid in args.ids:
         job = parse_id(cid)
-        job.update(steps=args.steps, **({"seq": args.seq} if args.seq else {}))
+        job.update(steps=args.steps, cap=parse_size(args.cap) if args.cap else None,
+                   **({"seq": args.seq} if args.seq else {}))
         t0 = time.perf_counter()
         rec = {"job": job, "torch": torch.__version__,
                "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}

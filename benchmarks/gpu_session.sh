@@ -23,7 +23,7 @@
 #   bash benchmarks/gpu_session.sh 19   # the three full-checkpointing plans that tied, four times more on each GPU
 #   bash benchmarks/gpu_session.sh 20   # models the step-time model was not fitted to: GPT-2 774M under 12 GiB, Llama 1B under 20 GiB
 #   bash benchmarks/gpu_session.sh 21   # why Llama 1B's first choice ran out of memory under 20 GiB: the step it failed in, the allocator trace
-#   bash benchmarks/gpu_session.sh 22   # that trace at seq 1024 for 3 steps; GPT-2 774M's new first choice measured
+#   bash benchmarks/gpu_session.sh 22   # that trace at seq 1024 under the 20 GiB cap, to the OOM; GPT-2 774M's new first choice measured
 #
 # From the repository root, with ../shared beside it and memdoctor importable (PYTHONPATH=$PWD).
 set -u
@@ -305,12 +305,15 @@ elif [ "$part" = 21 ]; then
     tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"
 elif [ "$part" = 22 ]; then
     # pass 27's trace was at seq 2048 for 2 steps; the OOM came in the third step at seq 1024.
-    # Replay the trace's requests through memdoctor's allocator model under the 20 GiB cap
-    # (here, afterwards) to see whether the requests or the model differ. And the plans
-    # made again after pass 26 (the planner now verifies plans whose derived reserved peak ran high)
+    # The trace under the 20 GiB cap up to the OOM, with the segments at it, and the trace without
+    # the cap: replay their requests through memdoctor's allocator model (here, afterwards) to see
+    # whether the requests or the model differ. And the plans made again after pass 26 (the
+    # planner now verifies plans whose derived reserved peak ran high)
     P=benchmarks/results/plans
-    lane 0 llama_trace python benchmarks/allocator_trace_capture.py --plain --seq 1024 --steps 3 \
-        --out "$OUT/traces" "llama-1b/bf16,ckpt=full,opt=adamw-bf16/b4" &
+    lane 0 llama_trace bash -c "python benchmarks/allocator_trace_capture.py --plain --seq 1024 --steps 4 \
+        --cap 20GiB --out $OUT/traces/capped llama-1b/bf16,ckpt=full,opt=adamw-bf16/b4 && \
+        python benchmarks/allocator_trace_capture.py --plain --seq 1024 --steps 3 \
+        --out $OUT/traces/plain llama-1b/bf16,ckpt=full,opt=adamw-bf16/b4" &
     lane 1 plans_774m_12GiB python benchmarks/plan_apply.py --model gpt2-774m --batch 8 --seq 1024 --budget 12GiB \
         --plans-from $P/gpt2-774m_b8_12GiB.json --top 4 --steps 12 --repeats 2 --tag gpt2-774m_b8_12GiB &
     wait
