@@ -66,6 +66,11 @@ def cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, igno
         return F.nll_loss(logp.float(), target, w, ignore_index=ignore_index, reduction=reduction)
 
 
+def standing_in_for_cuda() -> bool:
+    """Whether a fake step runs here for CUDA (inside cuda_kernels())."""
+    return getattr(F.scaled_dot_product_attention, "cuda_way", False)
+
+
 @contextlib.contextmanager
 def cuda_kernels():
     """torch.nn.functional's attention and cross-entropy the CUDA way, until the block ends

@@ -147,6 +147,10 @@ class OwnershipHooks:
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
                     self.rec.claim(value, Category.OPTIMIZER_STATE.value, f"{self._pname(p)}:{key}")
+        tables = getattr(optimizer, "device_tables", None)      # memdoctor's FusedAdamW
+        if callable(tables):
+            for name, value in tables().items():
+                self.rec.claim(value, Category.OPTIMIZER_STATE.value, name)
 
     def _pname(self, p) -> str:
         return self.param_names.get(id(p)) or f"param{tuple(p.shape)}"

@@ -56,6 +56,8 @@ from typing import Any, Iterable
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from ..cpu_standin import standing_in_for_cuda
+
 try:  # triton is optional: without it everything runs on the torch fallback
     import triton
     import triton.language as tl
@@ -617,8 +619,9 @@ def _launch_one(p: torch.Tensor, g: torch.Tensor, state: dict, h: _Hyper, mode: 
 
 def _is_fake(t: torch.Tensor) -> bool:
     """A FakeTensor (memdoctor.estimate's shapes-only run): the step then only makes the
-    state, exactly as the kernels would find it, and moves no data. The kernels allocate
-    nothing else, so the estimate sees all the memory a real step uses."""
+    state, exactly as the kernels would find it, and the device tables a real step keeps
+    (FusedAdamW._fake_tables), and moves no data. The kernels allocate nothing else, so
+    the estimate sees all the memory a real step uses."""
     return is_fake(t)
 
 
@@ -669,6 +672,7 @@ class FusedAdamW(torch.optim.Optimizer):
         self.backend = backend
         self.seed = int(seed)
         self._buckets: dict[tuple, list[_Bucket]] = {}
+        self._fake_buckets: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._salts: dict[int, int] = {}
         super().__init__(params, defaults)
 
@@ -748,6 +752,7 @@ class FusedAdamW(torch.optim.Optimizer):
             if params and _is_fake(params[0]):
                 for p in params:
                     self._init_state(p)
+                self._fake_tables(index, params)
             elif params:
                 self._step_group(index, group, params)
         return loss
@@ -775,6 +780,39 @@ class FusedAdamW(torch.optim.Optimizer):
             torch._foreach_add_(bucket.steps, 1.0)
             h = _Hyper(group, bucket.step, self.seed)
             bucket.launch(h, h.decoupled, h.maximize)
+
+    def _fake_tables(self, index: int, params: list[torch.Tensor]) -> None:
+        """Make, once per bucket as _Bucket does, the device tables a real step keeps: 8
+        int64 rows a tensor and 2 a chunk. They live as long as the optimizer, in a large
+        segment's block, so the estimate must hold them too: on the H200, Llama 1B's 146
+        tensors took 9,344 and 2,414,096 bytes there, and without them a plan that fitted
+        two steps ran out of memory in the third (benchmarks/results/gpu/README.md, pass 27).
+        A fake tensor on a CPU-only torch stands for a CUDA one, which would take the kernel."""
+        on_gpu = [p for p in params if self.backend != "torch" and p.dtype in _DTYPE_CODE and p.is_contiguous()
+                  and (p.device.type == "cuda" or standing_in_for_cuda())]
+        key = (index, tuple(id(p) for p in on_gpu))
+        if not on_gpu or key in self._fake_buckets:
+            return
+        chunk = CONFIGS[self.state_dtype][1]
+        by_key: dict[tuple, list[torch.Tensor]] = {}
+        for p in on_gpu:
+            by_key.setdefault((p.device, p.dtype), []).append(p)
+        self._fake_buckets[key] = [
+            (torch.empty((8, len(ps)), dtype=torch.int64, device=ps[0].device),
+             torch.empty((2, sum(-(-p.numel() // chunk) for p in ps)), dtype=torch.int64, device=ps[0].device))
+            for ps in by_key.values()
+        ]
+
+    def device_tables(self) -> dict[str, torch.Tensor]:
+        """The tables of pointers and chunks the fused steps keep on the device, by name:
+        memdoctor's tracer counts them as optimizer state."""
+        pairs = [(b.table, b.chunks) for buckets in self._buckets.values() for b in buckets]
+        pairs += [pair for tables in self._fake_buckets.values() for pair in tables]
+        out = {}
+        for i, (table, chunks) in enumerate(pairs):
+            out[f"FusedAdamW bucket {i}: table"] = table
+            out[f"FusedAdamW bucket {i}: chunks"] = chunks
+        return out
 
     def _make_buckets(self, params: list[torch.Tensor]) -> list[_Bucket]:
         by_key: dict[tuple, list[torch.Tensor]] = {}
