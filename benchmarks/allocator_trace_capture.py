@@ -127,7 +127,8 @@ def predict(job: dict) -> dict:
     spec = get(job["model"])
     est = estimate(lambda: spec.build_model(job["seq"]), lambda m: make_optimizer("adamw", m),
                    lambda: spec.make_batch(job["batch"], job["seq"]), spec.loss_fn,
-                   plan=job["plan"], device="cuda", steps=job.get("steps", 2), budget=job.get("cap"))
+                   plan=job["plan"], device="cuda", steps=job.get("steps", 2), budget=job.get("cap"),
+                   settle=False)   # the steps the GPU ran, as it ran them
     run = est.run
     events = []
     for action, bid, nbytes in zip(run.actions, run.event_blocks, run.event_bytes):

@@ -15,7 +15,10 @@ into the Run, and so is the scratch memory CUDA kernels take and give back insid
 memdoctor.cuda.kernel_scratch; cuDNN's convolution workspaces, measured on the local GPU
 where there is one: memdoctor.cuda.op_probe);
 the Run's allocations and frees are replayed through a model of the CUDA caching allocator
-(memdoctor.allocator_model) to predict `max_memory_allocated()` and `max_memory_reserved()`.
+(memdoctor.allocator_model) to predict `max_memory_allocated()` and `max_memory_reserved()`,
+with the last step repeated in the replay until the allocator's layout settles: a training
+run takes many steps, and its cached blocks can split differently in the third step than in
+the second (_steady_step).
 The CUDA context is reported apart: it is device memory, but the allocator's counters never
 include it.
 
@@ -572,7 +575,9 @@ def estimate(model_fn: Callable[[], nn.Module],
       rank's shards).
     Options: world_size (ranks: DDP buckets, or ZeRO shards with plan zero=N), budget
       (bytes: the allocator's limit, as `memdoctor trace --budget`; the CUDA context is
-      outside it), steps (default 2), cuda_context_bytes (default CUDA_CONTEXT_BYTES),
+      outside it), steps (default 2), settle (default True: the peaks of a long run, the
+      last step repeated until the allocator's layout settles; False: of `steps` steps
+      alone, as a measurement of that many steps sees them), cuda_context_bytes (default CUDA_CONTEXT_BYTES),
       sm90 (Hopper's 32 MiB cuBLAS workspace; default: this machine's GPU if it has one,
       else True), allocator_conf (a PYTORCH_CUDA_ALLOC_CONF string; default the
       environment's), anchors (also compute what other tools say: slower), probe_gpu
@@ -599,7 +604,7 @@ def estimate(model_fn: Callable[[], nn.Module],
 
 
 def estimate_built(build: Callable, plan: Plan | str | None = None, device: str = "cuda", *,
-                   world_size: int = 1, budget: int | None = None, steps: int = 2,
+                   world_size: int = 1, budget: int | None = None, steps: int = 2, settle: bool = True,
                    cuda_context_bytes: int | None = None, sm90: bool | None = None,
                    allocator_conf: str | None = None, anchors: bool = False,
                    probe_gpu: bool | None = None) -> Estimate:
@@ -722,7 +727,13 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     sizes_of, dist_note = _distributed(run, counted, world_size, zero, grad_bytes, sim)
     if dist_note:
         notes.append(dist_note)
-    replay = _replay(run, counted, CachingAllocatorModel(None, conf), sizes_of=sizes_of)
+    replay = _replay(run, counted, CachingAllocatorModel(None, conf), sizes_of=sizes_of,
+                     steps=steps if settle else None)
+    if replay["peak_reserved"] > replay["peak_reserved_recorded"]:
+        step = run.mark_at(replay["peak_reserved_seq"]).step + replay["peak_reserved_repeat"] + 1
+        notes.append(f"the allocator's cached blocks settle only after the {steps} steps run: in a longer "
+                     f"run the reserved peak is {_fmt(replay['peak_reserved'])}, "
+                     f"{_fmt(replay['peak_reserved'] - replay['peak_reserved_recorded'])} more, from step {step}")
     peak_seq = replay["peak_seq"]
     bd = breakdown_at(run, peak_seq, top=0)
     breakdown = dict.fromkeys(CATEGORIES, 0)
@@ -732,7 +743,8 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     mark = run.mark_at(peak_seq)
     est = Estimate(
         peak_allocated_bytes=replay["peak_allocated"], peak_reserved_bytes=replay["peak_reserved"],
-        breakdown=breakdown, peak_phase=mark.phase if mark else "other", peak_step=mark.step if mark else 0,
+        breakdown=breakdown, peak_phase=mark.phase if mark else "other",
+        peak_step=(mark.step if mark else 0) + replay["peak_repeat"],
         cuda_context_bytes=(CUDA_CONTEXT_BYTES if cuda_context_bytes is None else int(cuda_context_bytes))
         if target == "cuda" else 0,
         workspace_bytes=workspaces, notes=notes, run=run, device=target,
@@ -743,7 +755,7 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         world_size=world_size, budget_bytes=budget, allocator=replay["stats"],
         work={part: w.to_dict() for part, w in watch.work.of_step(steps - 1).items()})
     if budget is not None:
-        est.fits, est.oom = _check_budget(run, counted, conf, budget, sizes_of)
+        est.fits, est.oom = _check_budget(run, counted, conf, budget, sizes_of, steps if settle else None)
     run.meta["estimate"] = {k: v for k, v in est.to_dict().items() if k not in ("anchors", "by_module")}
     if anchors:
         est.anchors = compute_anchors(build, run_plan, device, est, world_size=world_size, steps=steps)
@@ -938,11 +950,88 @@ def _counted_blocks(run: Run, device_type: str, skip_cpu_scalars: bool) -> set[i
     return out
 
 
+MAX_REPEATS = 8     # steady steps replayed after the recorded ones, at most
+
+
+def _steady_step(run: Run, counted: set[int], steps: int):
+    """The last recorded step as a template for the steps after it: (its first and end
+    event index, its events as (seq, action, bid, carried)), or None if it does not repeat.
+
+    The allocator's layout can take more steps than the recorded ones to settle: Llama 1B
+    ran out of memory in its third step on the H200 after two steps at the predicted peak.
+    A block the step frees that an earlier step made (last step's gradients) is `carried`:
+    in a repeat it is the block of this step with the same name and size."""
+    starts: dict[int, int] = {}
+    for m in run.marks:
+        starts.setdefault(m.step, m.seq)
+    last = steps - 1
+    if steps < 2 or last not in starts:
+        return None
+    first, end = starts[last], starts.get(steps, len(run.actions))
+    kept: dict[tuple, list[int]] = {}              # made in the step and still live at its end
+    for seq in range(first, end):
+        bid = run.event_blocks[seq]
+        b = run.blocks[bid]
+        if run.actions[seq] == Action.ALLOC and bid in counted and (b.free_seq is None or b.free_seq >= end):
+            kept.setdefault((b.name, b.nbytes), []).append(bid)
+    events = []
+    for seq in range(first, end):
+        bid = run.event_blocks[seq]
+        if bid not in counted:
+            continue
+        carried = None
+        b = run.blocks[bid]
+        if run.actions[seq] == Action.FREE and b.alloc_seq < first:
+            same = kept.get((b.name, b.nbytes))
+            if not same:
+                return None                         # frees what no step makes again
+            carried = same.pop(0)
+        events.append((seq, run.actions[seq], bid, carried))
+    if any(kept.values()):
+        return None                                 # keeps more each step (a leak): no steady state
+    return first, end, events
+
+
+def _layout(model: CachingAllocatorModel) -> tuple:
+    return (tuple(sorted(model.segments.items())), tuple(model.large_pool.keys), tuple(model.small_pool.keys))
+
+
+def _events(run: Run, counted: set[int], model: CachingAllocatorModel, steps: int | None):
+    """(seq, action, key, bid, repeat) for the Run's events of the `counted` blocks; with
+    `steps`, the last step then repeats until the allocator's layout at the end of a step
+    stops changing (at most MAX_REPEATS times), before the events after it. A repeat's
+    seq is the template's, its key a new block's."""
+    steady = _steady_step(run, counted, steps) if steps else None
+    end = steady[1] if steady else len(run.actions)
+    for seq in range(end):
+        bid = run.event_blocks[seq]
+        if bid in counted:
+            yield seq, run.actions[seq], bid, bid, 0
+    if steady:
+        _first, _end, template = steady
+        before = _layout(model)
+        for r in range(1, MAX_REPEATS + 1):
+            for seq, action, bid, carried in template:
+                if carried is not None:
+                    yield seq, action, (carried if r == 1 else (r - 1, carried)), carried, r
+                else:
+                    yield seq, action, (r, bid), bid, r
+            after = _layout(model)
+            if after == before:
+                break
+            before = after
+    for seq in range(end, len(run.actions)):
+        bid = run.event_blocks[seq]
+        if bid in counted:
+            yield seq, run.actions[seq], bid, bid, 0
+
+
 def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_oom: bool = False,
-            sizes_of: dict[int, int] | None = None) -> dict:
-    """Replay the Run's allocations and frees of the `counted` blocks; `sizes_of` overrides
-    the bytes of some blocks (a rank's shard under ZeRO)."""
-    handles: dict[int, Any] = {}
+            sizes_of: dict[int, int] | None = None, steps: int | None = None) -> dict:
+    """Replay the Run's allocations and frees of the `counted` blocks, with `steps` (the
+    steps recorded) also the steady steps after them (_events); `sizes_of` overrides the
+    bytes of some blocks (a rank's shard under ZeRO)."""
+    handles: dict[Any, Any] = {}
     sizes: dict[int, int] = {}
     cat_of = {bid: run.blocks[bid].category for bid in counted}
     cat_live = dict.fromkeys(CATEGORIES, 0)
@@ -950,26 +1039,31 @@ def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_o
     raw_live = dict.fromkeys(CATEGORIES, 0)
     raw_peak = dict.fromkeys(CATEGORIES, 0)
     live = live_peak = 0
-    peak_alloc, peak_seq, peak_res_seq = -1, 0, 0
+    peak_alloc, peak_seq, peak_res_seq, peak_repeat = -1, 0, 0, 0
     oom = None
+    repeats, reserved_recorded, peak_res_repeat, peak_reserved = 0, None, 0, model.peak_reserved
     ALLOC, FREE = Action.ALLOC, Action.FREE
-    for seq, (action, bid, nbytes) in enumerate(zip(run.actions, run.event_blocks, run.event_bytes)):
-        if bid not in counted:
-            continue
+    event_bytes = run.event_bytes
+    for seq, action, key, bid, repeat in _events(run, counted, model, steps):
+        if repeat > repeats:
+            if reserved_recorded is None:
+                reserved_recorded = model.peak_reserved     # the recorded steps' own peak
+            repeats = repeat
         if action == ALLOC:
+            nbytes = event_bytes[seq]
             if sizes_of is not None:
                 nbytes = sizes_of.get(bid, nbytes)
             try:
                 h = model.malloc(nbytes)
             except ModelOOM as exc:
-                oom = {"seq": seq, "requested_bytes": exc.requested, "allocated_bytes": exc.allocated,
-                       "reserved_bytes": exc.reserved}
+                oom = {"seq": seq, "repeat": repeat, "requested_bytes": exc.requested,
+                       "allocated_bytes": exc.allocated, "reserved_bytes": exc.reserved}
                 if stop_on_oom:
                     break
                 continue
             if h is None:
                 continue
-            handles[bid] = h
+            handles[key] = h
             sizes[bid] = h.size
             cat = cat_of[bid]
             cat_live[cat] += h.size
@@ -982,11 +1076,11 @@ def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_o
             if live > live_peak:
                 live_peak = live
             if model.allocated > peak_alloc:
-                peak_alloc, peak_seq = model.allocated, seq
-            if model.reserved == model.peak_reserved:
-                peak_res_seq = seq
+                peak_alloc, peak_seq, peak_repeat = model.allocated, seq, repeat
+            if model.reserved > peak_reserved:      # where the reserved peak was first reached
+                peak_reserved, peak_res_seq, peak_res_repeat = model.reserved, seq, repeat
         elif action == FREE:
-            h = handles.pop(bid, None)
+            h = handles.pop(key, None)
             if h is None:
                 continue
             cat_live[cat_of[bid]] -= h.size
@@ -994,20 +1088,24 @@ def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_o
             live -= h.requested
             model.free(h)
     return {"peak_allocated": max(model.peak_allocated, 0), "peak_reserved": model.peak_reserved,
-            "peak_seq": peak_seq, "peak_reserved_seq": peak_res_seq, "sizes": sizes,
+            "peak_seq": peak_seq, "peak_repeat": peak_repeat, "repeats": repeats,
+            "peak_reserved_recorded": model.peak_reserved if reserved_recorded is None else reserved_recorded,
+            "peak_reserved_repeat": peak_res_repeat,
+            "peak_reserved_seq": peak_res_seq, "sizes": sizes,
             "category_peaks": cat_peak, "category_peaks_raw": raw_peak, "live_peak": live_peak, "stats": model.stats(), "oom": oom}
 
 
 def _check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int,
-                  sizes_of: dict[int, int] | None):
+                  sizes_of: dict[int, int] | None, steps: int | None = None):
     """Replay again with the allocator capped at the budget (cached segments are released
-    and the request retried before an OOM, as on a GPU)."""
-    result = _replay(run, counted, CachingAllocatorModel(budget, conf), stop_on_oom=True, sizes_of=sizes_of)
+    and the request retried before an OOM, as on a GPU), steady steps included."""
+    result = _replay(run, counted, CachingAllocatorModel(budget, conf), stop_on_oom=True, sizes_of=sizes_of,
+                     steps=steps)
     oom = result["oom"]
     if oom is None:
         return True, None
     mark = run.mark_at(oom["seq"])
-    oom.update(phase=mark.phase if mark else "other", step=mark.step if mark else 0)
+    oom.update(phase=mark.phase if mark else "other", step=(mark.step if mark else 0) + oom.pop("repeat"))
     block = run.blocks.get(run.event_blocks[oom["seq"]])
     if block is not None:
         oom.update(tensor=block.name, category=block.category, module=block.module)
