@@ -1,7 +1,9 @@
 """The estimate against every plan `plan_apply.py` ran on the GPU for 4-12 steps: the peaks of
 the two steps the estimate runs, and of a long run (the last step repeated until the
 allocator's layout settles, `settle=True`), next to what the GPU measured, and whether each
-predicts the OOM a plan met. Needs no GPU: the measurements are the committed passes'.
+predicts the OOM a plan met. Under a budget the reserved peak compared is the one with the
+allocator capped there (`budget_peak_reserved_bytes`), as the GPU ran it. Needs no GPU: the
+measurements are the committed passes'.
 
     python benchmarks/steady_vs_measured.py [--jobs 2] [--out benchmarks/results/steady_vs_measured.md]
 """
@@ -55,7 +57,9 @@ def predict(job: dict) -> dict:
                        lambda: spec.make_batch(job["batch"], job["seq"]), spec.loss_fn, plan=job["plan"],
                        device="cuda", budget=budget, settle=settle)
         out["settled" if settle else "two_steps"] = {
-            "allocated": est.peak_allocated_bytes, "reserved": est.peak_reserved_bytes,
+            "allocated": est.peak_allocated_bytes,
+            "reserved": est.peak_reserved_bytes if budget is None else est.budget_peak_reserved_bytes,
+            "uncapped_reserved": est.peak_reserved_bytes,
             "oom_step": None if est.fits in (None, True) else est.oom["step"],
             "seconds": round(time.perf_counter() - t0, 1)}
     return {**job, **out}

@@ -149,6 +149,7 @@ class Estimate:
     budget_bytes: int | None = None
     fits: bool | None = None
     oom: dict | None = None
+    budget_peak_reserved_bytes: int | None = None   # max_memory_reserved() with the allocator capped at the budget
     allocator: dict = field(default_factory=dict)
     anchors: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
@@ -198,7 +199,8 @@ class Estimate:
                 lines.append(f"  budget {fb(self.budget_bytes)}: fits (the allocator's limit, as trace --budget; "
                              f"headroom {fb(self.budget_bytes - self.peak_reserved_bytes)} over the reserved peak)"
                              if self.budget_bytes >= self.peak_reserved_bytes else
-                             f"  budget {fb(self.budget_bytes)}: fits, once cached blocks are released near the limit")
+                             f"  budget {fb(self.budget_bytes)}: fits, once cached blocks are released near the limit "
+                             f"(reserved peak under it {fb(self.budget_peak_reserved_bytes)})")
             else:
                 where = self.oom or {}
                 lines.append(f"  budget {fb(self.budget_bytes)}: does NOT fit: the allocator would run out "
@@ -247,6 +249,7 @@ class Estimate:
             "budget_bytes": self.budget_bytes,
             "fits": self.fits,
             "oom": self.oom,
+            "budget_peak_reserved_bytes": self.budget_peak_reserved_bytes,
             "device": self.device,
             "simulated_on": self.simulated_on,
             "allocator": self.allocator,
@@ -755,7 +758,8 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
         world_size=world_size, budget_bytes=budget, allocator=replay["stats"],
         work={part: w.to_dict() for part, w in watch.work.of_step(steps - 1).items()})
     if budget is not None:
-        est.fits, est.oom = _check_budget(run, counted, conf, budget, sizes_of, steps if settle else None)
+        est.fits, est.oom, est.budget_peak_reserved_bytes = _check_budget(
+            run, counted, conf, budget, sizes_of, steps if settle else None)
     run.meta["estimate"] = {k: v for k, v in est.to_dict().items() if k not in ("anchors", "by_module")}
     if anchors:
         est.anchors = compute_anchors(build, run_plan, device, est, world_size=world_size, steps=steps)
@@ -1098,18 +1102,19 @@ def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_o
 def _check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int,
                   sizes_of: dict[int, int] | None, steps: int | None = None):
     """Replay again with the allocator capped at the budget (cached segments are released
-    and the request retried before an OOM, as on a GPU), steady steps included."""
+    and the request retried before an OOM, as on a GPU), steady steps included: whether it
+    fits, the OOM if not, and the reserved peak under the cap."""
     result = _replay(run, counted, CachingAllocatorModel(budget, conf), stop_on_oom=True, sizes_of=sizes_of,
                      steps=steps)
     oom = result["oom"]
     if oom is None:
-        return True, None
+        return True, None, result["peak_reserved"]
     mark = run.mark_at(oom["seq"])
     oom.update(phase=mark.phase if mark else "other", step=(mark.step if mark else 0) + oom.pop("repeat"))
     block = run.blocks.get(run.event_blocks[oom["seq"]])
     if block is not None:
         oom.update(tensor=block.name, category=block.category, module=block.module)
-    return False, oom
+    return False, oom, result["peak_reserved"]
 
 
 DDP_BUCKET_BYTES = 25 * MiB         # DistributedDataParallel's bucket_cap_mb default

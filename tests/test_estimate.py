@@ -574,16 +574,23 @@ _PASS27 = Path(__file__).resolve().parent.parent / "benchmarks/results/gpu/h200x
 def test_the_estimate_runs_out_of_memory_where_and_as_the_h200_did():
     # Llama 1B's plan reached its predicted reserved peak in two steps under the 20 GiB cap
     # and ran out of memory in the third: the fp32 logits' gradient found 4.94 GiB cached in
-    # pieces. The fused optimizer's tables and the tied gradient summed in place made the
-    # difference; the estimate of three steps must fail there too, with the same numbers
+    # pieces. The fused optimizer's tables, the tied gradient summed in place and the steps
+    # after the two recorded (settle) make the difference: the estimate fails there too,
+    # with the same numbers, and its two steps alone fit, as they did on the GPU
     import re
     from memdoctor.estimate_models import get, make_optimizer
     measured = json.loads((_PASS27 / "plan_apply_llama-1b_b4_20GiB_oom.json").read_text())["rows"][0]
     gib = lambda name: float(re.search(rf"([\d.]+) GiB {name}", measured["error"]).group(1))  # noqa: E731
     spec = get("llama-1b")
-    est = estimate(lambda: spec.build_model(1024), lambda m: make_optimizer("adamw", m),
-                   lambda: spec.make_batch(4, 1024), spec.loss_fn, plan="bf16,ckpt=full,opt=adamw-bf16",
-                   device="cuda", steps=3, budget=20 * 2**30)
+
+    def run(settle):
+        return estimate(lambda: spec.build_model(1024), lambda m: make_optimizer("adamw", m),
+                        lambda: spec.make_batch(4, 1024), spec.loss_fn, plan="bf16,ckpt=full,opt=adamw-bf16",
+                        device="cuda", budget=20 * 2**30, settle=settle)
+    two = run(settle=False)
+    assert two.fits    # and reserves what the GPU did in those two steps (to the byte here)
+    assert abs(two.peak_reserved_bytes - measured["peak_reserved_bytes"]) <= 0.001 * measured["peak_reserved_bytes"]
+    est = run(settle=True)
     assert not est.fits and est.oom["step"] == measured["oom_step"] == 2
     assert est.oom["tensor"] == "aten.nll_loss_backward"
     assert round(est.oom["requested_bytes"] / 2**30, 2) == float(re.search(r"allocate ([\d.]+) GiB",
@@ -591,6 +598,38 @@ def test_the_estimate_runs_out_of_memory_where_and_as_the_h200_did():
     assert round(est.oom["allocated_bytes"] / 2**30, 2) == gib("is allocated by PyTorch")
     cached = (est.oom["reserved_bytes"] - est.oom["allocated_bytes"]) / 2**30
     assert round(cached, 2) == gib("is reserved by PyTo")   # the message was cut there
+
+
+def test_settling_repeats_the_step_as_recording_more_steps_would():
+    # the replay's repeats of the last step stand for steps the fake run did not record:
+    # four recorded steps reach the same layout and peaks as two recorded and settled
+    from memdoctor.estimate_models import get, make_optimizer
+    spec = get("llama-1b")
+
+    def run(steps, settle):
+        return estimate(lambda: spec.build_model(1024), lambda m: make_optimizer("adamw", m),
+                        lambda: spec.make_batch(4, 1024), spec.loss_fn, plan="bf16,ckpt=full,opt=adamw-bf16",
+                        device="cuda", steps=steps, settle=settle)
+    settled, recorded = run(2, True), run(4, False)
+    assert settled.peak_reserved_bytes == recorded.peak_reserved_bytes > run(2, False).peak_reserved_bytes
+    assert settled.peak_allocated_bytes == recorded.peak_allocated_bytes
+    assert settled.allocator["segments"] == recorded.allocator["segments"]
+    assert any("settle only after the 2 steps" in n for n in settled.notes)
+
+
+def test_a_step_that_keeps_more_each_time_is_not_repeated():
+    # a leak has no steady step: the replay stops at the recorded steps
+    kept = []
+
+    def leaky_loss(m, x):
+        out = m(x)
+        kept.append(out.detach() * 1.0)
+        return out.square().mean()
+    args = (lambda: nn.Linear(512, 512), None, lambda: torch.randn(256, 512), leaky_loss)
+    settled, two = estimate(*args, device="cuda", settle=True), estimate(*args, device="cuda", settle=False)
+    assert settled.peak_reserved_bytes == two.peak_reserved_bytes
+    assert settled.peak_allocated_bytes == two.peak_allocated_bytes
+    assert not any("settle" in n for n in settled.notes)
 
 
 # ---------------------------------------------------------------- a CPU-only torch standing in for CUDA
