@@ -1231,7 +1231,7 @@ def estimate_config(model: str | None = None, script: str | None = None, script_
                     checkpointing: str | int | None = None, micro_batch: str | int | None = None,
                     optimizer: str = "adamw", plan: str | None = None, world_size: int = 1,
                     zero: int | None = None, budget: int | None = None, device: str = "cuda",
-                    anchors: bool = False, probe_gpu: bool | None = None) -> Estimate:
+                    anchors: bool = False, probe_gpu: bool | None = None, settle: bool = True) -> Estimate:
     """The estimate of a known model (memdoctor.estimate_models) or of a script's build(),
     as `memdoctor estimate` takes them; ValueError for a configuration that makes no sense."""
     from .remedies.plan import OPTIMIZERS as SWAPS
@@ -1271,7 +1271,7 @@ def estimate_config(model: str | None = None, script: str | None = None, script_
                   "image_size": (image_size or spec.image_size) if spec.kind == "image" else None,
                   "optimizer": base}
     est = estimate_built(build, plan=the_plan, device=device, world_size=world_size, budget=budget,
-                         anchors=anchors, probe_gpu=probe_gpu)
+                         anchors=anchors, probe_gpu=probe_gpu, settle=settle)
     est.run.meta.setdefault("estimate", {})["config"] = config
     est.config = config
     return est
