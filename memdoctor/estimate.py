@@ -958,8 +958,8 @@ MAX_REPEATS = 8     # steady steps replayed after the recorded ones, at most
 
 
 def _steady_step(run: Run, counted: set[int], steps: int):
-    """The last recorded step as a template for the steps after it: (its first and end
-    event index, its events as (seq, action, bid, carried)), or None if it does not repeat.
+    """The last recorded step as a template for the steps after it: (its end event index,
+    its events as (seq, action, bid, carried)), or None if it does not repeat.
 
     The allocator's layout can take more steps than the recorded ones to settle: Llama 1B
     ran out of memory in its third step on the H200 after two steps at the predicted peak.
@@ -993,7 +993,7 @@ def _steady_step(run: Run, counted: set[int], steps: int):
         events.append((seq, run.actions[seq], bid, carried))
     if any(kept.values()):
         return None                                 # keeps more each step (a leak): no steady state
-    return first, end, events
+    return end, events
 
 
 def _layout(model: CachingAllocatorModel) -> tuple:
@@ -1006,13 +1006,13 @@ def _events(run: Run, counted: set[int], model: CachingAllocatorModel, steps: in
     stops changing (at most MAX_REPEATS times), before the events after it. A repeat's
     seq is the template's, its key a new block's."""
     steady = _steady_step(run, counted, steps) if steps else None
-    end = steady[1] if steady else len(run.actions)
+    end = steady[0] if steady else len(run.actions)
     for seq in range(end):
         bid = run.event_blocks[seq]
         if bid in counted:
             yield seq, run.actions[seq], bid, bid, 0
     if steady:
-        _first, _end, template = steady
+        template = steady[1]
         before = _layout(model)
         for r in range(1, MAX_REPEATS + 1):
             for seq, action, bid, carried in template:
@@ -1045,14 +1045,12 @@ def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_o
     live = live_peak = 0
     peak_alloc, peak_seq, peak_res_seq, peak_repeat = -1, 0, 0, 0
     oom = None
-    repeats, reserved_recorded, peak_res_repeat, peak_reserved = 0, None, 0, model.peak_reserved
+    reserved_recorded, peak_res_repeat, peak_reserved = None, 0, model.peak_reserved
     ALLOC, FREE = Action.ALLOC, Action.FREE
     event_bytes = run.event_bytes
     for seq, action, key, bid, repeat in _events(run, counted, model, steps):
-        if repeat > repeats:
-            if reserved_recorded is None:
-                reserved_recorded = model.peak_reserved     # the recorded steps' own peak
-            repeats = repeat
+        if repeat and reserved_recorded is None:
+            reserved_recorded = model.peak_reserved         # the recorded steps' own peak
         if action == ALLOC:
             nbytes = event_bytes[seq]
             if sizes_of is not None:
@@ -1092,7 +1090,7 @@ def _replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_o
             live -= h.requested
             model.free(h)
     return {"peak_allocated": max(model.peak_allocated, 0), "peak_reserved": model.peak_reserved,
-            "peak_seq": peak_seq, "peak_repeat": peak_repeat, "repeats": repeats,
+            "peak_seq": peak_seq, "peak_repeat": peak_repeat,
             "peak_reserved_recorded": model.peak_reserved if reserved_recorded is None else reserved_recorded,
             "peak_reserved_repeat": peak_res_repeat,
             "peak_reserved_seq": peak_res_seq, "sizes": sizes,
