@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memdoctor.allocator_model import replay_trace  # noqa: E402
+from memdoctor.cuda.allocator_model import replay_trace  # noqa: E402
 
 MiB = 1024 ** 2
 

@@ -76,10 +76,10 @@ def _frames(entry: dict) -> list[str]:
 
 
 def measure(job: dict, oplog: bool = True, frames: bool = False) -> dict:
-    from memdoctor.estimate import train_step
-    from memdoctor.estimate_models import get
+    from memdoctor.predict.estimate import train_step
+    from memdoctor.predict.models import get
     from memdoctor.remedies import prepare
-    from memdoctor.trace.budget import cap_cuda
+    from memdoctor.capture.budget import cap_cuda
     _reset_cuda()
     if job.get("cap"):
         cap_cuda(job["cap"])
@@ -122,8 +122,8 @@ def measure(job: dict, oplog: bool = True, frames: bool = False) -> dict:
 
 
 def predict(job: dict) -> dict:
-    from memdoctor.estimate import estimate
-    from memdoctor.estimate_models import get, make_optimizer
+    from memdoctor.predict.estimate import estimate
+    from memdoctor.predict.models import get, make_optimizer
     spec = get(job["model"])
     est = estimate(lambda: spec.build_model(job["seq"]), lambda m: make_optimizer("adamw", m),
                    lambda: spec.make_batch(job["batch"], job["seq"]), spec.loss_fn,

@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from memdoctor.cuda.op_probe import recorded_trace  # noqa: E402
+from memdoctor.predict.op_probe import recorded_trace  # noqa: E402
 
 aten = torch.ops.aten
 B, H, M, K = 8, 16, 1024, 64

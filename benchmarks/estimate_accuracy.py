@@ -1,12 +1,12 @@
 """How close memdoctor's estimate comes to what a GPU measures, next to the rules people use.
 
 For each configuration (model x precision mode x batch size) it
-  (a) predicts with memdoctor.estimate (FakeTensorMode + the caching-allocator model), in
+  (a) predicts with memdoctor.predict.estimate (FakeTensorMode + the caching-allocator model), in
       worker processes while the GPU measures;
   (b) measures on the GPU, each configuration in a fresh process as a training script runs
       (--same-process: all in this one): caches emptied (cuBLAS workspaces too), peak stats
       reset, the model built on cuda, two training steps (forward, backward, AdamW step,
-      zero_grad(set_to_none=True)) through the same memdoctor.estimate.train_step the
+      zero_grad(set_to_none=True)) through the same memdoctor.predict.estimate.train_step the
       estimate runs; torch.cuda.max_memory_allocated() / max_memory_reserved();
   (c) computes the anchors: torch's MemTracker under FakeTensorMode (where it finishes in
       time), DeepSpeed's ZeRO-2 model-states formula, accelerate's "model size x 4 for Adam"
@@ -82,8 +82,8 @@ def _worker_init() -> None:
 
 def predict(job: dict) -> dict:
     """memdoctor's estimate (and the formula anchors) for one configuration."""
-    from memdoctor.estimate import accelerate_adam_bytes, deepspeed_zero2_model_states_bytes, estimate
-    from memdoctor.estimate_models import get, make_optimizer
+    from memdoctor.predict.estimate import accelerate_adam_bytes, deepspeed_zero2_model_states_bytes, estimate
+    from memdoctor.predict.models import get, make_optimizer
     t0 = time.perf_counter()
     try:
         spec = get(job["model"])
@@ -112,8 +112,8 @@ def predict(job: dict) -> dict:
 
 def memtracker(job: dict) -> dict:
     """torch's MemTracker peak under FakeTensorMode for the same configuration."""
-    from memdoctor.estimate import memtracker_peak
-    from memdoctor.estimate_models import get
+    from memdoctor.predict.estimate import memtracker_peak
+    from memdoctor.predict.models import get
     from memdoctor.remedies.plan import Plan
     t0 = time.perf_counter()
     try:
@@ -140,8 +140,8 @@ def _reset_cuda() -> None:
 def measure(job: dict) -> dict:
     import torch
 
-    from memdoctor.estimate import train_step
-    from memdoctor.estimate_models import get
+    from memdoctor.predict.estimate import train_step
+    from memdoctor.predict.models import get
     from memdoctor.remedies import prepare
     t0 = time.perf_counter()
     if job.get("gpu") is not None:

@@ -32,7 +32,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "out")
     args = ap.parse_args()
     import torch
-    from memdoctor.estimate import estimate_config
+    from memdoctor.predict.estimate import estimate_config
 
     estimate_config(args.model, batch=1, seq=args.seq, plan=args.plan)     # imports and caches warm
     rows = []

@@ -34,9 +34,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     import torch
 
-    from memdoctor.allocator_model import AllocatorConfig, CachingAllocatorModel
-    from memdoctor.estimate import _counted_blocks, _replay, estimate_built
-    from memdoctor.estimate_models import get
+    from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel
+    from memdoctor.predict.estimate import _counted_blocks, _replay, estimate_built
+    from memdoctor.predict.models import get
     import_s = time.perf_counter() - t0
 
     rows = []

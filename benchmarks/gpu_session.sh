@@ -240,7 +240,7 @@ elif [ "$part" = 15 ]; then
         bf16,ckpt=full,opt=adamw-bf16 bf16,ckpt=full bf16,ckpt=selective,micro=4,opt=adamw-bf16 &
     wait
 elif [ "$part" = 16 ]; then
-    # the plans ranked by memdoctor.step_time (constants fitted to pass 21): the planner's first
+    # the plans ranked by memdoctor.predict.step_time (constants fitted to pass 21): the planner's first
     # four fitting plans and other plans that fit, side by side as in pass 21, 12 steps each;
     # then the planner's speed with nothing else running, twice a budget
     P=benchmarks/results/plans

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from memdoctor.oomlog import scan_file
+from memdoctor.capture.oomlog import scan_file
 
 RESULTS = Path(__file__).resolve().parent / "results" / "oomlog_scan.json"
 

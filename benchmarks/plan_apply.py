@@ -14,7 +14,7 @@ fits (--plans adds plans beyond the planner's first --top)? Given ckpt=full and
 ckpt=selective with none, it reports the share of full checkpointing's memory saving that
 selective keeps, and the share of its extra step time that selective costs.
 
-Models: the names of memdoctor.estimate_models (the planner's own definitions), and
+Models: the names of memdoctor.predict.models (the planner's own definitions), and
 transformers' GPT-2 (random init, default config: dropout 0.1, sdpa attention):
 hf-gpt2-124m, hf-gpt2-355m, hf-gpt2-1.5b (GPT2LMHeadModel) and hf-gpt2-1.5b-doubleheads
 (GPT2DoubleHeadsModel, two choices a sample, LM loss + multiple-choice loss).
@@ -53,7 +53,7 @@ def build(model: str, batch: int, seq: int):
     """(model, optimizer, batch, loss_fn) on the default device."""
     import torch
     if not model.startswith("hf-"):
-        from memdoctor.estimate_models import get
+        from memdoctor.predict.models import get
         return get(model).builder(batch=batch, seq=seq)()
     from transformers import GPT2Config, GPT2DoubleHeadsModel, GPT2LMHeadModel
     size = model.removeprefix("hf-gpt2-").removesuffix("-doubleheads")
@@ -92,7 +92,7 @@ def steady_steps(times: list[float]) -> list[float]:
 def measure_plan(model: str, batch: int, seq: int, plan: str, budget: int | None, steps: int) -> dict:
     import torch
     from memdoctor.remedies import prepare
-    from memdoctor.trace.budget import cap_cuda
+    from memdoctor.capture.budget import cap_cuda
     torch.manual_seed(0)
     cuda = torch.cuda.is_available()     # without CUDA (a smoke test): no caps, no memory figures
     if budget and cuda:

@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 T_IMPORTED = time.time()
-from memdoctor.remedies import planner  # noqa: E402
+from memdoctor.predict import planner  # noqa: E402
 
 _REAL_JOB = planner._estimate_job
 
@@ -60,7 +60,7 @@ def main() -> int:
     t = time.time()
     planner._estimate_job = _REAL_JOB
     if args.alone:
-        from memdoctor.estimate import estimate_config
+        from memdoctor.predict.estimate import estimate_config
         estimate_config(args.model, batch=args.batch, seq=args.seq, plan=args.alone)
     alone = time.time() - t if args.alone else None
     result = {"planner_wall_s": round(wall, 2), "cores": len(os.sched_getaffinity(0)),

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from memdoctor.cuda.snapshot import load_snapshot, snapshot_to_run
+from memdoctor.capture.snapshot import load_snapshot, snapshot_to_run
 
 RESULTS = Path(__file__).resolve().parent / "results" / "snapshot_convert.json"
 

@@ -26,7 +26,7 @@ GiB = 2 ** 30
 def measured_rows(results: Path) -> list[dict]:
     """The newest measurement of each (model, batch, seq, budget, plan) that ran or met an OOM,
     for memdoctor's own model configurations."""
-    from memdoctor.estimate_models import MODELS
+    from memdoctor.predict.models import MODELS
     newest: dict[tuple, dict] = {}
     for path in sorted(results.glob("*/plan_apply_*.json"), key=lambda p: int(p.parent.name.rsplit("pass", 1)[1])):
         data = json.loads(path.read_text())
@@ -45,8 +45,8 @@ def measured_rows(results: Path) -> list[dict]:
 
 
 def predict(job: dict) -> dict:
-    from memdoctor.estimate import estimate
-    from memdoctor.estimate_models import get, make_optimizer
+    from memdoctor.predict.estimate import estimate
+    from memdoctor.predict.models import get, make_optimizer
     from memdoctor.units import parse_size
     spec = get(job["model"])
     budget = parse_size(job["budget"]) if job["budget"] else None

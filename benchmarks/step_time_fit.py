@@ -1,4 +1,4 @@
-"""Fit memdoctor.step_time's machine constants to step times measured on the GPU.
+"""Fit memdoctor.predict.step_time's machine constants to step times measured on the GPU.
 
 Reads the step times `plan_apply.py` measured (its JSON files, named below), counts each
 plan's work with an estimate on this machine (cached in --cache: GPT-2 1.5B estimates take
@@ -43,7 +43,7 @@ def measured_rows() -> list[dict]:
 def work_of(row: dict, cache: dict) -> dict:
     key = f"{row['model']}/b{row['batch']}/s{row['seq']}/{row['plan']}"
     if key not in cache:
-        from memdoctor.estimate import estimate_config
+        from memdoctor.predict.estimate import estimate_config
         est = estimate_config(row["model"], batch=row["batch"], seq=row["seq"], plan=row["plan"])
         cache[key] = est.work
         print(f"  counted {key} in {est.elapsed_s:.1f} s", flush=True)
@@ -51,11 +51,11 @@ def work_of(row: dict, cache: dict) -> dict:
 
 
 def predict(work: dict, machine, plan: str = "none") -> float:
-    """The step time the planner predicts: memdoctor.step_time with `machine`, and the
+    """The step time the planner predicts: memdoctor.predict.step_time with `machine`, and the
     planner's measured extra for 8-bit states."""
     from memdoctor.remedies.plan import Plan
-    from memdoctor.remedies.planner import plan_seconds
-    from memdoctor.step_time import Work
+    from memdoctor.predict.planner import plan_seconds
+    from memdoctor.predict.step_time import Work
     return plan_seconds(Plan.parse(plan), Work.from_dict(work["compute"]), Work.from_dict(work["optimizer"]),
                         machine=machine)
 
@@ -64,8 +64,8 @@ def fit(rows: list[dict]):
     """The constants with the least sum of squared log errors, on a log-spaced grid."""
     import numpy as np
     from memdoctor.remedies.plan import Plan
-    from memdoctor.remedies.planner import OPT_COST
-    from memdoctor.step_time import Machine
+    from memdoctor.predict.planner import OPT_COST
+    from memdoctor.predict.step_time import Machine
 
     def grid(lo: float, hi: float, n: int):
         return lo * (hi / lo) ** (np.arange(n) / (n - 1))
@@ -98,7 +98,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--cache", default=str(ROOT / "benchmarks" / "results" / "step_time_work.json"))
     args = ap.parse_args()
-    from memdoctor.step_time import H200
+    from memdoctor.predict.step_time import H200
     cache_path = Path(args.cache)
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     rows = measured_rows()
@@ -106,11 +106,11 @@ def main() -> int:
         r["work"] = work_of(r, cache)
     cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True))
     m = fit(rows)
-    lines = ["# Step time: memdoctor.step_time's model against step times measured on the H200", "",
+    lines = ["# Step time: memdoctor.predict.step_time's model against step times measured on the H200", "",
              "`python benchmarks/step_time_fit.py`: work counted by estimates on the CPU; step times from "
              + ", ".join(f"`{p.parent.name}/{p.name}`" for p in MEASURED) + ".", "",
              f"Fitted: op_seconds={m.op_seconds:.3g}, launch_seconds={m.launch_seconds:.3g}, mode_op_seconds={m.mode_op_seconds:.3g}, flops16={m.flops16:.3g}, flops32={m.flops32:.3g}, "
-             f"bytes_per_s={m.bytes_per_s:.3g}, overlap_p={m.overlap_p:g}. In memdoctor.step_time.H200: "
+             f"bytes_per_s={m.bytes_per_s:.3g}, overlap_p={m.overlap_p:g}. In memdoctor.predict.step_time.H200: "
              f"op_seconds={H200.op_seconds:.3g}, launch_seconds={H200.launch_seconds:.3g}, mode_op_seconds={H200.mode_op_seconds:.3g}, flops16={H200.flops16:.3g}, flops32={H200.flops32:.3g}, "
              f"bytes_per_s={H200.bytes_per_s:.3g}, overlap_p={H200.overlap_p:g}.", "",
              "| model | batch | plan | ops | measured s | fitted s | err % | H200 constants s | err % |",

@@ -46,7 +46,7 @@ def make_step(model, opt, batch: int, seq: int, d_model: int):
 
 def mode_contexts(model, opt):
     """name -> (enter a block of steps, called after each step)."""
-    from memdoctor.trace.session import Tracer
+    from memdoctor.capture.session import Tracer
 
     def untraced():
         return contextlib.nullcontext(), lambda ctx: None

@@ -13,8 +13,8 @@ import torch
 import transformers
 
 from memdoctor.attribution import at_peak
-from memdoctor.rules import diagnose, facts_from_run
-from memdoctor.trace.session import Tracer
+from memdoctor.diagnosis import diagnose, facts_from_run
+from memdoctor.capture.session import Tracer
 
 
 def step_times(model, optimizer, ids, steps):

@@ -159,7 +159,7 @@ def prepare(config: str, model: nn.Module, opt, device):
 
 
 def run_config(config: str, args, device: torch.device, traced: bool) -> dict:
-    from memdoctor.trace.session import Tracer
+    from memdoctor.capture.session import Tracer
     rank = dist.get_rank()
     tracer = Tracer(source="dispatch") if traced else contextlib.nullcontext()
     # bf16-true computes in bf16 whatever --precision says (its weights are bf16)

@@ -10,21 +10,21 @@ __all__ = ["watch", "Tracer", "Run", "diagnose", "Plan", "prepare", "estimate"]
 
 def __getattr__(name: str):
     if name == "watch":
-        from .watching import watch
+        from memdoctor.watching import watch
         return watch
     if name == "Tracer":
-        from .trace.session import Tracer
+        from memdoctor.capture.session import Tracer
         return Tracer
     if name == "Run":
-        from .run import Run
+        from memdoctor.run import Run
         return Run
     if name == "diagnose":
-        from .rules import diagnose
+        from memdoctor.diagnosis import diagnose
         return diagnose
     if name in ("Plan", "prepare"):
-        from . import remedies
+        from memdoctor import remedies
         return getattr(remedies, name)
     if name == "estimate":
-        from .estimate import estimate
+        from memdoctor.predict.estimate import estimate
         return estimate
     raise AttributeError(f"module 'memdoctor' has no attribute {name!r}")

@@ -1,3 +1,3 @@
-from .cli import main
+from memdoctor.cli import main
 
 raise SystemExit(main())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .run import CATEGORIES, Action, Block, Category, Run
+from memdoctor.run import CATEGORIES, Action, Block, Category, Run
 
 _OWNED_BY_PARAM = (Category.WEIGHTS.value, Category.GRADIENTS.value, Category.OPTIMIZER_STATE.value)
 

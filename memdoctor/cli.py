@@ -19,7 +19,7 @@ class UsageError(Exception):
 
 
 def _size(text: str) -> int:
-    from .units import SizeError, parse_size
+    from memdoctor.units import SizeError, parse_size
     try:
         return parse_size(text)
     except SizeError as exc:
@@ -127,14 +127,14 @@ def _check_script(path: str) -> None:
 
 
 def _path_for(run, path: str) -> str:
-    from .ranks import path_for
+    from memdoctor.capture.ranks import path_for
     return path_for(run, path)
 
 
 def cmd_trace(ns) -> int:
     _check_script(ns.script)
-    from .attribution import at_peak
-    from .report.json import dumps, trace_json
+    from memdoctor.attribution import at_peak
+    from memdoctor.report.json import dumps, trace_json
     result = _traced(ns)
     run = result.run
     peak = at_peak(run)
@@ -143,14 +143,14 @@ def cmd_trace(ns) -> int:
     if ns.json:
         print(dumps(trace_json(run, peak)))
     else:
-        from .report.text import print_trace
+        from memdoctor.report.text import print_trace
         print_trace(run, peak)
         print(f"run saved to {out}")
     return _exit_for(result)
 
 
 def _traced(ns):
-    from .trace.session import trace_script
+    from memdoctor.capture.session import trace_script
     try:
         stream = sys.stderr if ns.json else sys.stdout
         with contextlib.redirect_stdout(stream):
@@ -177,8 +177,8 @@ def cmd_diagnose(ns) -> int:
         return _diagnose_try(ns)
     if ns.log:
         return _diagnose_log(ns)
-    from .report.json import diagnosis_json, dumps
-    from .rules import diagnose, facts_from_run
+    from memdoctor.report.json import diagnosis_json, dumps
+    from memdoctor.diagnosis import diagnose, facts_from_run
     if ns.script:
         _check_script(ns.script)
         result = _traced(ns)
@@ -186,7 +186,7 @@ def cmd_diagnose(ns) -> int:
         if ns.output:
             run.save(_path_for(run, ns.output))
     elif ns.snapshot:
-        from .cuda.snapshot import SnapshotError, load_snapshot, snapshot_to_run
+        from memdoctor.capture.snapshot import SnapshotError, load_snapshot, snapshot_to_run
         try:
             run = snapshot_to_run(load_snapshot(ns.snapshot))
         except SnapshotError as exc:
@@ -195,7 +195,7 @@ def cmd_diagnose(ns) -> int:
     elif len(ns.run) > 1:
         return _diagnose_ranks(ns)
     else:
-        from .run import Run
+        from memdoctor.run import Run
         run = Run.load(ns.run[0])
         code = EXIT_OOM if run.ooms else EXIT_OK
     facts = facts_from_run(run)
@@ -205,17 +205,18 @@ def cmd_diagnose(ns) -> int:
     if ns.json:
         print(dumps(diagnosis_json(findings, facts, run)))
     else:
-        from .report.text import print_diagnosis
+        from memdoctor.report.text import print_diagnosis
         print_diagnosis(findings, facts)
     return code
 
 
 def _diagnose_ranks(ns) -> int:
     """Several runs, one per rank: each diagnosed, the findings merged, the ranks named."""
-    from .ranks import first_oom, merge_findings, rank_of
-    from .report.json import JSON_VERSION, diagnosis_json, dumps, oom_dict
-    from .rules import diagnose, facts_from_run
-    from .run import Run
+    from memdoctor.capture.ranks import rank_of
+    from memdoctor.diagnosis.merge import first_oom, merge_findings
+    from memdoctor.report.json import JSON_VERSION, diagnosis_json, dumps, oom_dict
+    from memdoctor.diagnosis import diagnose, facts_from_run
+    from memdoctor.run import Run
     loaded = []
     for index, path in enumerate(ns.run):
         run = Run.load(path)
@@ -242,14 +243,14 @@ def _diagnose_ranks(ns) -> int:
                          for r, run, path, facts, findings in diagnosed],
         }))
     else:
-        from .report.text import ranks_lines
+        from memdoctor.report.text import ranks_lines
         print("\n".join(ranks_lines(diagnosed, merged, first)))
     return EXIT_OOM if first is not None else EXIT_OK
 
 
 def _diagnose_try(ns) -> int:
     """SCRIPT as written and with --try FIX injected, side by side; exit as the after run."""
-    from .remedies.inject import FixError, compare, comparison_json, comparison_lines, parse_fix, summary
+    from memdoctor.remedies.inject import FixError, compare, comparison_json, comparison_lines, parse_fix, summary
     if not ns.script:
         raise UsageError("--try needs a SCRIPT to run again")
     try:
@@ -257,8 +258,8 @@ def _diagnose_try(ns) -> int:
     except FixError as exc:
         raise UsageError(str(exc)) from None
     _check_script(ns.script)
-    from .report.json import dumps
-    from .rules import diagnose, facts_from_run
+    from memdoctor.report.json import dumps
+    from memdoctor.diagnosis import diagnose, facts_from_run
     try:
         with contextlib.redirect_stdout(sys.stderr if ns.json else sys.stdout):
             tried = compare(ns.script, _script_argv(ns), fix, budget=ns.budget, source=ns.source)
@@ -273,7 +274,7 @@ def _diagnose_try(ns) -> int:
         tried.after.save(ns.output)
     if ns.report:
         try:
-            from .report.html import write_report
+            from memdoctor.report.html import write_report
             write_report(ns.report, tried.before, findings=sides[0][2], facts=sides[0][1], other_run=tried.after)
         except ImportError as exc:
             print(f"memdoctor: no HTML report: {exc}", file=sys.stderr)
@@ -289,7 +290,7 @@ def _diagnose_try(ns) -> int:
 
 def _write_report(run, findings, facts, path: str) -> None:
     try:
-        from .report.html import write_report
+        from memdoctor.report.html import write_report
     except ImportError as exc:
         print(f"memdoctor: no HTML report: {exc}", file=sys.stderr)
         return
@@ -297,9 +298,9 @@ def _write_report(run, findings, facts, path: str) -> None:
 
 
 def _diagnose_log(ns) -> int:
-    from .oomlog import LogError, scan_file
-    from .report.json import diagnosis_json, dumps
-    from .rules import diagnose, facts_from_oom
+    from memdoctor.capture.oomlog import LogError, scan_file
+    from memdoctor.report.json import diagnosis_json, dumps
+    from memdoctor.diagnosis import diagnose, facts_from_oom
     try:
         found = scan_file(ns.log)
     except LogError as exc:
@@ -318,7 +319,7 @@ def _diagnose_log(ns) -> int:
     if ns.json:
         print(dumps(diagnosis_json(findings, facts, None, ooms)))
     else:
-        from .report.text import diagnosis_lines
+        from memdoctor.report.text import diagnosis_lines
         print(f"{len(found)} out-of-memory message{'s' if len(found) > 1 else ''} in {ns.log}; "
               f"the first, at line {first.line}:")
         for line in diagnosis_lines(findings, facts):
@@ -327,7 +328,7 @@ def _diagnose_log(ns) -> int:
 
 
 def cmd_explain(ns) -> int:
-    from .rules.registry import all_ids, explain
+    from memdoctor.diagnosis.registry import all_ids, explain
     if not ns.rule:
         for rule_id in all_ids():
             print(rule_id)
@@ -354,7 +355,7 @@ def cmd_tui(ns) -> int:
         import textual  # noqa: F401
     except ImportError:
         raise UsageError("the tui needs textual: pip install 'memdoctor[tui]'") from None
-    from .tui import run_app
+    from memdoctor.tui import run_app
     if ns.script:
         return run_app(script=ns.script, script_args=_script_argv(ns), budget=ns.budget,
                        source=ns.source, output=ns.output)
@@ -362,9 +363,9 @@ def cmd_tui(ns) -> int:
 
 
 def cmd_report(ns) -> int:
-    from .run import Run
+    from memdoctor.run import Run
     try:
-        from .report.html import write_report
+        from memdoctor.report.html import write_report
     except ImportError as exc:
         raise UsageError(f"the HTML report needs plotly: pip install 'memdoctor[report]' ({exc})") from None
     run = Run.load(ns.run)
@@ -390,8 +391,8 @@ def cmd_estimate(ns) -> int:
                          "gpt2-774m, gpt2-1.5b, bert-base, bert-large, llama-1b, resnet50, vit-b16")
     if ns.script:
         _check_script(ns.script)
-    from .estimate import estimate_config
-    from .report.json import dumps
+    from memdoctor.predict.estimate import estimate_config
+    from memdoctor.report.json import dumps
     try:
         stream = sys.stderr if ns.json else sys.stdout
         with contextlib.redirect_stdout(stream):
@@ -416,8 +417,8 @@ def cmd_estimate(ns) -> int:
 
 def cmd_plan(ns) -> int:
     import json
-    from .remedies.planner import plan_for_budget
-    from .units import format_bytes as format_size
+    from memdoctor.predict.planner import plan_for_budget
+    from memdoctor.units import format_bytes as format_size
     if ns.batch < 1 or ns.world_size < 1 or (ns.seq is not None and ns.seq < 1):
         raise UsageError("--batch, --seq and --world-size must be at least 1")
     try:
@@ -465,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:   # one line, never a traceback, for memdoctor's own failures
-        from .run import RunFileError
+        from memdoctor.run import RunFileError
         if isinstance(exc, RunFileError):
             print(f"memdoctor: {exc}", file=sys.stderr)
             return EXIT_USAGE

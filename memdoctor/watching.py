@@ -27,7 +27,7 @@ class watch:
 
     def __enter__(self) -> "watch":
         try:
-            from .trace.session import Tracer
+            from memdoctor.capture.session import Tracer
             models = self.model if isinstance(self.model, (list, tuple)) else [self.model]
             optims = self.optimizer if isinstance(self.optimizer, (list, tuple)) else [self.optimizer]
             self.tracer = Tracer(models, optims, budget=self.budget, source=self.source)
@@ -53,8 +53,8 @@ class watch:
         return False
 
     def _diagnose(self) -> None:
-        from .report.text import diagnosis_lines
-        from .rules import diagnose, facts_from_run
+        from memdoctor.report.text import diagnosis_lines
+        from memdoctor.diagnosis import diagnose, facts_from_run
         self.facts = facts_from_run(self.run)
         self.findings = diagnose(self.facts)
         rank = self.run.meta.get("rank")
@@ -62,14 +62,14 @@ class watch:
         self.diagnosis = who + "\n".join(diagnosis_lines(self.findings, self.facts))
 
     def _write_report(self) -> None:
-        from .ranks import path_for
+        from memdoctor.capture.ranks import path_for
         path = path_for(self.run, str(self.report))   # one of several ranks: each writes its own file
         if path.endswith(".html"):
-            from .report.html import write_report
+            from memdoctor.report.html import write_report
             write_report(path, self.run, findings=self.findings, facts=self.facts)
         elif path.endswith(".json"):
-            from .report.json import diagnosis_json, dumps
-            from .run import write_atomic
+            from memdoctor.report.json import diagnosis_json, dumps
+            from memdoctor.run import write_atomic
             write_atomic(path, dumps(diagnosis_json(self.findings, self.facts, self.run)).encode())
         else:
             self.run.save(path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memdoctor.allocator_model import replay_trace
+from memdoctor.cuda.allocator_model import replay_trace
 
 TRACES = sorted((Path(__file__).parent / "fixtures" / "allocator_traces").glob("*.json.gz"))
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memdoctor.allocator_model import (
+from memdoctor.cuda.allocator_model import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
     AllocatorConfig,
@@ -21,7 +21,7 @@ from memdoctor.allocator_model import (
     allocation_size,
     round_size,
 )
-from memdoctor.estimate import (
+from memdoctor.predict.estimate import (
     CUBLASLT_WORKSPACE_BYTES,
     accelerate_adam_bytes,
     cublas_workspace_bytes,
@@ -175,7 +175,7 @@ def _loss(model, batch):
 
 
 def test_estimate_of_a_cpu_step_matches_the_real_step_traced_and_rounded():
-    from memdoctor.trace.session import Tracer
+    from memdoctor.capture.session import Tracer
     est = estimate(_mlp, _adamw, _batch, _loss, device="cpu")
     with Tracer(source="dispatch") as tracer:
         model = _mlp()
@@ -230,7 +230,7 @@ def test_optimizer_state_created_in_the_first_step_counts():
 
 
 def _tiny_gpt():
-    from memdoctor.estimate_models import GPT2
+    from memdoctor.predict.models import GPT2
     return GPT2(layers=4, dim=64, heads=4, vocab=512, positions=128)
 
 
@@ -239,7 +239,7 @@ def _tokens():
 
 
 def test_plans_run_on_fake_tensors_and_lower_activations():
-    from memdoctor.estimate_models import lm_loss
+    from memdoctor.predict.models import lm_loss
     plain = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, device="cuda")
     ckpt = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, plan="ckpt=full", device="cuda")
     micro = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, plan="micro=2", device="cuda")
@@ -254,7 +254,7 @@ def test_plans_run_on_fake_tensors_and_lower_activations():
 
 
 def test_budget_verdict_and_distributed_adjustments():
-    from memdoctor.estimate_models import lm_loss
+    from memdoctor.predict.models import lm_loss
     small = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, device="cuda", budget=8 * MiB)
     assert small.fits is False and small.oom["requested_bytes"] > 0 and small.oom["phase"]
     big = estimate(_tiny_gpt, _adamw, _tokens, lm_loss, device="cuda", budget=64 << 30)
@@ -284,7 +284,7 @@ def test_a_built_model_is_refused():
 
 
 def test_gpt2_124m_estimate_is_fast_and_counts_model_states_per_parameter():
-    from memdoctor.estimate_models import get
+    from memdoctor.predict.models import get
     t0 = time.perf_counter()
     est = estimate_built(get("gpt2-124m").builder(batch=1, seq=64), device="cuda")
     elapsed = time.perf_counter() - t0
@@ -306,7 +306,7 @@ def test_gpt2_124m_estimate_is_fast_and_counts_model_states_per_parameter():
 def test_known_models_build_with_the_published_sizes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memdoctor.estimate_models import MODELS, param_count
+    from memdoctor.predict.models import MODELS, param_count
     expected = {"gpt2-124m": 124.4e6, "gpt2-355m": 354.8e6, "gpt2-774m": 774.0e6, "gpt2-1.5b": 1557.6e6,
                 "bert-base": 109.5e6, "bert-large": 335.1e6, "llama-1b": 1235.8e6, "resnet50": 25.56e6,
                 "vit-b16": 86.57e6}
@@ -489,7 +489,7 @@ def test_the_estimated_peak_of_a_gradient_sum_is_the_plain_runs():
 
 
 def test_dense_means_no_gaps_or_overlaps_in_any_dimension_order():
-    from memdoctor.estimate import _dense
+    from memdoctor.predict.estimate import _dense
     assert _dense(torch.empty(1, 128, 768)) and _dense(torch.empty(4, 5).t())
     assert _dense(torch.empty(2, 3, 4).permute(2, 0, 1))
     assert not _dense(torch.empty(4, 5)[:, :3])              # gaps
@@ -578,7 +578,7 @@ def test_the_estimate_runs_out_of_memory_where_and_as_the_h200_did():
     # after the two recorded (settle) make the difference: the estimate fails there too,
     # with the same numbers, and its two steps alone fit, as they did on the GPU
     import re
-    from memdoctor.estimate_models import get, make_optimizer
+    from memdoctor.predict.models import get, make_optimizer
     measured = json.loads((_PASS27 / "plan_apply_llama-1b_b4_20GiB_oom.json").read_text())["rows"][0]
     gib = lambda name: float(re.search(rf"([\d.]+) GiB {name}", measured["error"]).group(1))  # noqa: E731
     spec = get("llama-1b")
@@ -603,7 +603,7 @@ def test_the_estimate_runs_out_of_memory_where_and_as_the_h200_did():
 def test_settling_repeats_the_step_as_recording_more_steps_would():
     # the replay's repeats of the last step stand for steps the fake run did not record:
     # four recorded steps reach the same layout and peaks as two recorded and settled
-    from memdoctor.estimate_models import get, make_optimizer
+    from memdoctor.predict.models import get, make_optimizer
     spec = get("llama-1b")
 
     def run(steps, settle):
@@ -641,7 +641,7 @@ _PASS12 = Path(__file__).resolve().parent.parent / "benchmarks/results/gpu/h200x
 def test_the_cpu_standin_estimates_what_the_h200_measured(cid):
     # pass 12 measured these on an H200 in fresh processes; without a GPU the estimate runs
     # CUDA's attention kernels and autocast's cross-entropy as CUDA does (cuda.cpu_standin)
-    from memdoctor.estimate_models import get, make_optimizer
+    from memdoctor.predict.models import get, make_optimizer
     measured = {r["id"]: r for r in json.loads(_PASS12.read_text())["configs"]}[cid]
     name, mode, b = cid.split("/")
     spec = get(name)
@@ -672,7 +672,7 @@ def test_the_cpu_standin_runs_cudas_attention_and_cross_entropy():
 
 
 def test_the_standins_functions_are_torchs_own_again_afterwards():
-    from memdoctor.cuda.cpu_standin import cuda_kernels
+    from memdoctor.predict.cpu_standin import cuda_kernels
     before = (F.scaled_dot_product_attention, F.cross_entropy)
     with cuda_kernels():
         swapped = F.scaled_dot_product_attention

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from memdoctor.cuda.kernel_scratch import Gpu, scratch_for
-from memdoctor.estimate import estimate
+from memdoctor.predict.estimate import estimate
 from memdoctor.run import Action
 
 aten = torch.ops.aten
@@ -92,7 +92,7 @@ def test_the_estimate_puts_a_bias_gradients_staging_buffer_into_its_run():
 # ---------------------------------------------------------------- measured on the GPU (op_probe)
 
 def test_scratch_is_what_a_call_freed_in_order():
-    from memdoctor.cuda.op_probe import scratch_from_trace
+    from memdoctor.predict.op_probe import scratch_from_trace
     # convolution_backward as the H200 ran it: grad_input, its workspace, grad_weight, its workspace
     trace = [{"action": "alloc", "addr": 1, "size": 6422528},
              {"action": "alloc", "addr": 2, "size": 32112656},
@@ -120,7 +120,7 @@ def test_scratch_is_what_a_call_freed_in_order():
 
 
 def test_a_convolution_is_described_by_shapes_never_data():
-    from memdoctor.cuda.op_probe import spec_of
+    from memdoctor.predict.op_probe import spec_of
     x = torch.randn(2, 3, 8, 8)
     w = torch.randn(4, 3, 3, 3)
     key, _ = spec_of((x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {})
@@ -133,7 +133,7 @@ def test_a_convolution_is_described_by_shapes_never_data():
 
 def test_scratch_freed_at_once_is_freed_before_the_next_in_the_run():
     from memdoctor.cuda.kernel_scratch import Scratch
-    from memdoctor.estimate import _scratch_events
+    from memdoctor.predict.estimate import _scratch_events
     class W:
         scratch = [(5, 7, [Scratch(100, "a", outlives=0), Scratch(200, "b", outlives=0), Scratch(50, "c")])]
     events = _scratch_events(W())
@@ -143,7 +143,7 @@ def test_scratch_freed_at_once_is_freed_before_the_next_in_the_run():
 
 def test_scratch_freed_after_what_it_outlives():
     from memdoctor.cuda.kernel_scratch import Scratch
-    from memdoctor.estimate import _scratch_events
+    from memdoctor.predict.estimate import _scratch_events
     class W:    # fp32 attention backward's delta: product, sum, delta, then the workspace
         scratch = [(5, 7, [Scratch(4096, "product", outlives=2), Scratch(16, "sum", outlives=1),
                            Scratch(16, "delta"), Scratch(8192, "workspace", outlives=0)])]

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memdoctor.oomlog import KINDS, LogError, OOMFacts, parse_text, scan_file, scan_stream
+from memdoctor.capture.oomlog import KINDS, LogError, OOMFacts, parse_text, scan_file, scan_stream
 from tests.conftest import SHARED, shared_path
 
 GiB, MiB = 2**30, 2**20
@@ -330,7 +330,7 @@ def test_large_log_is_scanned_quickly(tmp_path):
 
 def test_import_is_standard_library_only():
     """The CLI imports this module to read logs; it must not pay for importing torch."""
-    code = "import sys, memdoctor.oomlog; print('torch' in sys.modules)"
+    code = "import sys, memdoctor.capture.oomlog; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

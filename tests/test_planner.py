@@ -1,12 +1,12 @@
-"""The planner (memdoctor.remedies.planner) and `memdoctor plan`, on GPT-2 124M at short sequences."""
+"""The planner (memdoctor.predict.planner) and `memdoctor plan`, on GPT-2 124M at short sequences."""
 import json
 
 import pytest
 
 from memdoctor.cli import main
-from memdoctor.estimate import estimate_config
+from memdoctor.predict.estimate import estimate_config
 from memdoctor.remedies.plan import Plan
-from memdoctor.remedies.planner import counted_seconds, plan_for_budget
+from memdoctor.predict.planner import counted_seconds, plan_for_budget
 
 MiB, GiB = 2**20, 2**30
 MODEL, BATCH, SEQ = "gpt2-124m", 4, 512
@@ -41,7 +41,7 @@ def test_tight_budget_picks_the_cheapest_fitting_plan(plain, bf16_full):
     assert first.predicted_peak_reserved == direct.peak_reserved_bytes
     assert all(c.cost >= first.cost for c in cands if c.fits)
     assert not any(c.fits for c in cands if c.plan.is_empty())
-    # costs are predicted step times (memdoctor.step_time) against the plain plan's
+    # costs are predicted step times (memdoctor.predict.step_time) against the plain plan's
     assert first.step_seconds == pytest.approx(counted_seconds(direct, first.plan))
     assert first.cost == pytest.approx(first.step_seconds / counted_seconds(plain, Plan()))
     for c in cands:
@@ -110,7 +110,7 @@ def test_bad_input_is_one_line_exit_2(capsys):
 
 def test_estimates_in_worker_processes_give_the_same_plans(monkeypatch):
     """The parallel path (taken on machines of more than two cores) against the serial one."""
-    from memdoctor.remedies import planner
+    from memdoctor.predict import planner
     budget = 3 * GiB        # only the 8-bit plan fits (2.7 GiB derived; the others 3.6-4.0 GiB)
     cands = ["none", "bf16", "ckpt=full", "bf16,ckpt=full", "bf16,ckpt=full,opt=adamw-8bit"]
     serial = plan_for_budget(MODEL, BATCH, SEQ, budget, candidates=cands)

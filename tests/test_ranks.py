@@ -8,8 +8,9 @@ import sys
 import textwrap
 
 from memdoctor.cli import main
-from memdoctor.ranks import merge_findings, per_rank_path, rank_info
-from memdoctor.rules.base import FREE_FIX, STRUCTURAL, Finding
+from memdoctor.capture.ranks import per_rank_path, rank_info
+from memdoctor.diagnosis.merge import merge_findings
+from memdoctor.diagnosis.base import FREE_FIX, STRUCTURAL, Finding
 from tests.conftest import ROOT
 
 

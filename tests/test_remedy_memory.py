@@ -28,7 +28,7 @@ from torch import nn
 import memdoctor
 from memdoctor.attribution import peak
 from memdoctor.remedies import Plan, chunked_cross_entropy, prepare
-from memdoctor.rules import diagnose, facts_from_run
+from memdoctor.diagnosis import diagnose, facts_from_run
 from memdoctor.units import format_bytes, parse_size
 from tests.conftest import ROOT, shared_path
 

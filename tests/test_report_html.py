@@ -29,9 +29,9 @@ from memdoctor import attribution as A
 from memdoctor.cli import main
 from memdoctor.report import downsample as ds
 from memdoctor.report.html import plot_text, render_report, script_json, write_report
-from memdoctor.rules import diagnose, facts_from_run
+from memdoctor.diagnosis import diagnose, facts_from_run
 from memdoctor.run import CATEGORIES, Run
-from memdoctor.trace.session import Tracer
+from memdoctor.capture.session import Tracer
 
 pytest.importorskip("plotly")
 from plotly.offline import get_plotlyjs  # noqa: E402
@@ -343,7 +343,7 @@ def _snapshot() -> dict:
 
 @pytest.fixture(scope="module")
 def segment_html(tmp_path_factory) -> Path:
-    from memdoctor.cuda.snapshot import snapshot_to_run
+    from memdoctor.capture.snapshot import snapshot_to_run
     run = snapshot_to_run(_snapshot())
     assert run.segments and run.samples
     path = tmp_path_factory.mktemp("seg") / "segments.html"

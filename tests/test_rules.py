@@ -144,7 +144,7 @@ def test_every_corpus_message_through_the_cli(tmp_path):
 
 
 def test_explain_every_rule_has_the_sections():
-    from memdoctor.rules.registry import all_ids, explain
+    from memdoctor.diagnosis.registry import all_ids, explain
     for rule_id in all_ids():
         text = explain(rule_id)
         for section in ("What it detects", "Why it runs out of memory", "Example", "Fix"):

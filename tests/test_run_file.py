@@ -14,7 +14,7 @@ from torch import nn
 
 from memdoctor import attribution as A
 from memdoctor.run import FORMAT, VERSION, Block, Mark, OOM, Run, RunFileError, Sample
-from memdoctor.trace.session import Tracer
+from memdoctor.capture.session import Tracer
 
 
 def traced_run() -> Run:

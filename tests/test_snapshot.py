@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memdoctor.cuda.snapshot import (
+from memdoctor.capture.snapshot import (
     SnapshotError, frame_name, load_snapshot, snapshot_to_run,
 )
 from memdoctor.run import Action, Run
@@ -400,7 +400,7 @@ def test_crafted_files_end_in_snapshot_error(tmp_path):
     code = (
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
-        "from memdoctor.cuda.snapshot import load_snapshot, SnapshotError\n"
+        "from memdoctor.capture.snapshot import load_snapshot, SnapshotError\n"
         "for path in sys.argv[1:]:\n"
         "    try:\n"
         "        load_snapshot(path)\n"
@@ -458,7 +458,7 @@ def test_size_cap(tmp_path):
 def test_no_traceback_from_the_command_line(tmp_path):
     """What a user sees: one line on stderr, from a fresh interpreter."""
     path = write(tmp_path, b"\x80\x04garbage")
-    code = ("import sys\nfrom memdoctor.cuda.snapshot import load_snapshot, SnapshotError\n"
+    code = ("import sys\nfrom memdoctor.capture.snapshot import load_snapshot, SnapshotError\n"
             "try:\n    load_snapshot(sys.argv[1])\nexcept SnapshotError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
     assert out.stdout.count("\n") == 1 and not out.stderr
@@ -561,7 +561,7 @@ def test_real_snapshot_with_a_short_ring_buffer(tmp_path):
 def test_opcode_check_without_possessive_regex(tmp_path, monkeypatch):
     """Python 3.10 has no possessive quantifier; the bounded pattern must give the same."""
     import re
-    from memdoctor.cuda import snapshot as module
+    from memdoctor.capture import snapshot as module
     monkeypatch.setattr(module, "_DATA_RUN", re.compile(rb"(?:" + module._DATA_OPS + rb"){0,1024}", re.S))
     snap = make_snapshot()
     snap["device_traces"][0] *= 500

@@ -1,4 +1,4 @@
-"""The step-time model (memdoctor.step_time): the work an estimate counts, and the H200
+"""The step-time model (memdoctor.predict.step_time): the work an estimate counts, and the H200
 constants against the step times measured on the GPU."""
 import json
 import sys
@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from memdoctor.estimate import estimate, estimate_config
-from memdoctor.step_time import H200, Work, step_seconds
+from memdoctor.predict.estimate import estimate, estimate_config
+from memdoctor.predict.step_time import H200, Work, step_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 32

@@ -23,8 +23,8 @@ from torch.utils._pytree import tree_leaves
 
 from memdoctor import attribution as A
 from memdoctor.run import CATEGORIES
-from memdoctor.trace import recorder as recorder_mod
-from memdoctor.trace.session import Tracer, trace_script
+from memdoctor.capture import recorder as recorder_mod
+from memdoctor.capture.session import Tracer, trace_script
 from memdoctor.units import parse_size
 from tests.conftest import shared_path
 

@@ -22,7 +22,7 @@ from textual.widgets import LoadingIndicator, OptionList, TabbedContent, Tree  #
 
 from memdoctor.attribution import breakdown_at, peak  # noqa: E402
 from memdoctor.cli import main  # noqa: E402
-from memdoctor.rules import diagnose, explain, facts_from_run  # noqa: E402
+from memdoctor.diagnosis import diagnose, explain, facts_from_run  # noqa: E402
 from memdoctor.run import OOM, Block, Mark, Run, RunFileError  # noqa: E402
 from memdoctor.tui import loader  # noqa: E402
 from memdoctor.tui.app import HelpScreen, MemdoctorApp  # noqa: E402
@@ -42,7 +42,7 @@ def traced() -> Run:
     import torch
     from torch import nn
 
-    from memdoctor.trace.session import Tracer
+    from memdoctor.capture.session import Tracer
 
     class Block2(nn.Module):
         def __init__(self, d):

@@ -47,7 +47,7 @@ def test_run_file_report_and_attributes(tmp_path):
 
 
 def test_a_failure_inside_memdoctor_never_breaks_training(monkeypatch):
-    from memdoctor.trace import recorder
+    from memdoctor.capture import recorder
     model, opt = _model()
     reference, ref_opt = _model()
     _train(reference, ref_opt, 32)

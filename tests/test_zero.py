@@ -345,7 +345,7 @@ def s01_steps(model, opt, device, steps: int = 3) -> None:
 def memory_worker(device) -> dict:
     """The s01 scenario per rank: ZeRO-2 under memdoctor.watch(budget="224MiB"), then DDP
     under the tracer with no budget, both read at the end of the optimizer step."""
-    from memdoctor.trace.session import Tracer
+    from memdoctor.capture.session import Tracer
     out: dict = {}
     model = s01_model(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)

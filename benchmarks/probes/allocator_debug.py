@@ -3,7 +3,7 @@ phase boundary with its mark and the nearby events."""
 import json, subprocess, sys
 import torch, transformers
 from memdoctor.attribution import live_curve
-from memdoctor.trace.session import Tracer
+from memdoctor.capture.session import Tracer
 
 torch.manual_seed(0)
 model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2)).cuda()

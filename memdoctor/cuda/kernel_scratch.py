@@ -25,7 +25,7 @@ benchmarks/results/gpu/h200x2_pass6 (`benchmarks/allocator_trace_capture.py`):
   approximately).
 
 Not here: cuDNN convolution workspaces (chosen by cuDNN's heuristics per shape, GPU and
-cuDNN version: measured on the GPU by memdoctor.cuda.op_probe when there is one), and
+cuDNN version: measured on the GPU by memdoctor.predict.op_probe when there is one), and
 flash-attention backward's accumulators (not measured).
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .reduce_scratch import div_up, reduction_scratch_bytes
+from memdoctor.cuda.reduce_scratch import div_up, reduction_scratch_bytes
 
 aten = torch.ops.aten
 

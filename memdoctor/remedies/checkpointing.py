@@ -46,7 +46,7 @@ SAVED_OPS = _existing_ops(_SAVED_OP_NAMES)
 class _Calls:
     """How many ops selective checkpointing's policy has been asked about: each one passes
     through a Python dispatch mode, forward and recompute, which costs CPU time per op
-    (memdoctor.step_time counts it)."""
+    (memdoctor.predict.step_time counts it)."""
     count = 0
 
 

@@ -367,7 +367,7 @@ def compare(script: str, args: list[str] | None, fix: Fix | str, budget=None, so
     or when the fix sets allocator options. The script's output goes where stdout goes."""
     import gc
 
-    from memdoctor.trace.session import pick_source, trace_script
+    from memdoctor.capture.session import pick_source, trace_script
     fix = parse_fix(fix) if isinstance(fix, str) else fix
     check_here(fix.plan)
     args = list(args or [])
@@ -420,7 +420,7 @@ def _main(argv: list[str] | None = None) -> int:
     save the run to --out and what was injected to --out.json; 0 unless memdoctor failed."""
     import argparse
 
-    from memdoctor.trace.session import trace_script
+    from memdoctor.capture.session import trace_script
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: list[str] = []
     if "--" in argv:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..run import CATEGORIES, Action, Category, Run
+from memdoctor.run import CATEGORIES, Action, Category, Run
 
 DEFAULT_MAX_POINTS = 5_000
 _OTHER = CATEGORIES.index(Category.OTHER.value)
@@ -160,7 +160,7 @@ def downsample_series(x: np.ndarray, ys: dict[str, np.ndarray], key: str,
 
 def step_peaks(run: Run, total: np.ndarray) -> list[dict]:
     """attribution.per_step from an already computed total curve (no second pass in Python)."""
-    from ..attribution import step_ranges
+    from memdoctor.attribution import step_ranges
     rows = []
     for step, start, end in step_ranges(run):
         if end <= start or start >= len(total):

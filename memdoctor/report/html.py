@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ..attribution import module_of, step_ranges
-from ..run import CATEGORIES, Block, Phase, Run, write_atomic
-from ..units import format_bytes
-from . import downsample as ds
+from memdoctor.attribution import module_of, step_ranges
+from memdoctor.run import CATEGORIES, Block, Phase, Run, write_atomic
+from memdoctor.units import format_bytes
+from memdoctor.report import downsample as ds
 
 CATEGORY_COLORS = {
     "weights": "#4e79a7", "gradients": "#f28e2b", "optimizer_state": "#b07aa1",
@@ -105,7 +105,7 @@ def write_report(path: str | os.PathLike, run: Run, findings=None, facts=None, o
 def render_report(run: Run, findings=None, facts=None, other_run: Run | None = None,
                   max_points: int = ds.DEFAULT_MAX_POINTS) -> str:
     """The report as one HTML string."""
-    from ..rules import diagnose, facts_from_run
+    from memdoctor.diagnosis import diagnose, facts_from_run
     if facts is None:
         facts = facts_from_run(run)
     if findings is None:
@@ -204,7 +204,7 @@ def _sha256(text: str) -> str:
 
 # ---- header -------------------------------------------------------------------------------
 def _header(run: Run, facts, findings, tl: ds.Timeline, focus_seq: int) -> str:
-    from .text import headline
+    from memdoctor.report.text import headline
     dev = run.device or {}
     device = dev.get("type", "?")
     if dev.get("name"):
@@ -245,7 +245,7 @@ def _header(run: Run, facts, findings, tl: ds.Timeline, focus_seq: int) -> str:
 
 
 def _footer(tl: ds.Timeline) -> str:
-    from .. import __version__
+    from memdoctor import __version__
     sampled = (f"The timeline draws {len(tl.seq):,} of {tl.num_events:,} events (lowest and highest "
                "live total per bucket; the peak and every OOM exact)" if tl.downsampled
                else "The timeline draws every event")
@@ -713,7 +713,7 @@ def _segment_layout(shown: list[dict], index: list[int], count: int) -> tuple[li
 # ---- before / after -----------------------------------------------------------------------
 def _compare(page: _Page, run: Run, tl: ds.Timeline, c: ds.Curves, other: dict, unit: str, scale: int,
              ymax: float) -> str:
-    from .text import headline
+    from memdoctor.report.text import headline
     orun, otl, oc = other["run"], other["timeline"], other["curves"]
     figs = []
     half = other["max_points"]

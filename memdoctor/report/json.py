@@ -5,8 +5,8 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from ..attribution import Breakdown
-from ..run import Run
+from memdoctor.attribution import Breakdown
+from memdoctor.run import Run
 
 JSON_VERSION = 1
 

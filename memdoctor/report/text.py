@@ -4,9 +4,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ..attribution import Breakdown
-from ..run import Run
-from ..units import format_bytes
+from memdoctor.attribution import Breakdown
+from memdoctor.run import Run
+from memdoctor.units import format_bytes
 
 
 def breakdown_table(b: Breakdown, title: str) -> Table:

@@ -8,7 +8,7 @@ import sys
 def run_app(*args, **kwargs) -> int:
     """Run MemdoctorApp (arguments as its constructor's) in this terminal; return its exit
     code. A run that could not be opened is also said in one line once the screen is back."""
-    from .app import MemdoctorApp
+    from memdoctor.tui.app import MemdoctorApp
     app = MemdoctorApp(*args, **kwargs)
     code = app.run()
     if app.error:

@@ -30,10 +30,10 @@ from textual.widgets import (Footer, Header, LoadingIndicator, OptionList, Stati
                              Tree)
 from textual.widgets.option_list import Option
 
-from ..run import Run, RunFileError
-from ..units import format_bytes
-from .index import RunIndex
-from .widgets import CATEGORY_STYLE, LivePlot, category_table
+from memdoctor.run import Run, RunFileError
+from memdoctor.units import format_bytes
+from memdoctor.tui.index import RunIndex
+from memdoctor.tui.widgets import CATEGORY_STYLE, LivePlot, category_table
 
 TABS = ["overview", "timeline", "modules", "findings", "remedies"]
 TAB_TITLES = ["1 Overview", "2 Timeline", "3 Modules", "4 Findings", "5 Remedies"]
@@ -288,7 +288,7 @@ class MemdoctorApp(App[int]):
         collector is paused meanwhile (its full passes over a million new objects would
         hold the GIL, and so the keys, for a second at a time) and what was read is then
         frozen out of its reach: a viewer keeps it to the end."""
-        from . import loader
+        from memdoctor.tui import loader
         yield_gil = lambda: time.sleep(0)      # noqa: E731  let the UI thread in between pieces
         collecting = gc.isenabled()
         gc.disable()
@@ -302,7 +302,7 @@ class MemdoctorApp(App[int]):
             modules = loaded.index.by_module(loaded.index.peak_seq)
             self.call_from_thread(self._show_details, modules)
             run = loaded.build_run(yield_gil)
-            from ..rules import diagnose, facts_from_run
+            from memdoctor.diagnosis import diagnose, facts_from_run
             facts = facts_from_run(run)
             findings = diagnose(facts)
             self.call_from_thread(self._show_findings, run, facts, findings)
@@ -317,7 +317,7 @@ class MemdoctorApp(App[int]):
 
     def _start_script(self) -> None:
         def target() -> None:
-            from ..trace.session import trace_script
+            from memdoctor.capture.session import trace_script
             sink = io.StringIO()
             try:
                 with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
@@ -406,7 +406,7 @@ class MemdoctorApp(App[int]):
         if self.stage == "indexed":
             target.update(Text("diagnosing…", style="dim italic"))
             return
-        from ..report.text import headline
+        from memdoctor.report.text import headline
         lines = [Text(headline(self.findings, self.facts), style="bold red" if self.facts.oom else "bold")]
         if self.findings:
             top = self.findings[0]
@@ -578,10 +578,10 @@ class MemdoctorApp(App[int]):
             self.screen.set_focus(self._q("#fd-list"))
 
     def _render_finding(self, i: int) -> None:
-        from ..rules.registry import explain
+        from memdoctor.diagnosis.registry import explain
         target = self._q("#fd-text", Static)
         if not self.findings:
-            from ..report.text import headline
+            from memdoctor.report.text import headline
             target.update(headline(self.findings, self.facts))
             return
         f = self.findings[i]

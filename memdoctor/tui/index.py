@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..attribution import module_of
-from ..run import CATEGORIES, OOM, Mark, Run
+from memdoctor.attribution import module_of
+from memdoctor.run import CATEGORIES, OOM, Mark, Run
 
 NEVER = np.iinfo(np.int64).max      # free_seq of a block that is never freed
 

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..run import FORMAT, OOM, VERSION, Block, Mark, Run, RunFileError, read_run_text
-from .index import Header, RunIndex
+from memdoctor.run import FORMAT, OOM, VERSION, Block, Mark, Run, RunFileError, read_run_text
+from memdoctor.tui.index import Header, RunIndex
 
 _WS = " \t\n\r"
 _DEC = json.JSONDecoder()

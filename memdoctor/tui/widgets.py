@@ -9,8 +9,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from ..units import format_bytes
-from .index import RunIndex
+from memdoctor.units import format_bytes
+from memdoctor.tui.index import RunIndex
 
 _EIGHTHS = " ▁▂▃▄▅▆▇█"
 _HBAR = "▏▎▍▌▋▊▉█"

@@ -5,7 +5,7 @@ import torch
 
 from memdoctor.attribution import breakdown_at, live_curve, peak
 from memdoctor.run import Action
-from memdoctor.trace.session import Tracer
+from memdoctor.capture.session import Tracer
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,7 @@ import gc
 import pytest
 import torch
 
-from memdoctor.cuda.op_probe import probe, spec_of
+from memdoctor.predict.op_probe import probe, spec_of
 
 pytestmark = pytest.mark.gpu
 aten = torch.ops.aten
@@ -42,9 +42,9 @@ def test_probed_workspace_is_what_the_allocator_was_asked_for(shape, weight, str
 
 
 def test_resnet50_estimate_with_measured_workspaces_meets_the_gpu():
-    from memdoctor.estimate import estimate_built, train_step
-    from memdoctor.estimate_models import get
-    from memdoctor.cuda import op_probe
+    from memdoctor.predict.estimate import estimate_built, train_step
+    from memdoctor.predict.models import get
+    from memdoctor.predict import op_probe
     build = get("resnet50").builder(batch=32)
     est = estimate_built(build, device="cuda", settle=False)     # the two steps measured below
     assert any("measured on this machine's GPU" in n for n in est.notes)
@@ -74,7 +74,7 @@ def test_resnet50_estimate_with_measured_workspaces_meets_the_gpu():
 def _gpu_scratch(func, *args):
     """What `func(*args)` took and gave back inside the call on this GPU, in order: (bytes,
     made before the outputs)."""
-    from memdoctor.cuda.op_probe import recorded_trace, scratch_from_trace
+    from memdoctor.predict.op_probe import recorded_trace, scratch_from_trace
     return [(s.nbytes, s.before_outputs) for s in scratch_from_trace(recorded_trace(lambda: func(*args)))]
 
 

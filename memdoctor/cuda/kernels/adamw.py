@@ -56,7 +56,7 @@ from typing import Any, Iterable
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from ..cpu_standin import standing_in_for_cuda
+from memdoctor.predict.cpu_standin import standing_in_for_cuda
 
 try:  # triton is optional: without it everything runs on the torch fallback
     import triton
@@ -618,7 +618,7 @@ def _launch_one(p: torch.Tensor, g: torch.Tensor, state: dict, h: _Hyper, mode: 
 # ------------------------------------------------------------------------ the optimizer
 
 def _is_fake(t: torch.Tensor) -> bool:
-    """A FakeTensor (memdoctor.estimate's shapes-only run): the step then only makes the
+    """A FakeTensor (memdoctor.predict.estimate's shapes-only run): the step then only makes the
     state, exactly as the kernels would find it, and the device tables a real step keeps
     (FusedAdamW._fake_tables), and moves no data. The kernels allocate nothing else, so
     the estimate sees all the memory a real step uses."""

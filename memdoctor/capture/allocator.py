@@ -1,0 +1,241 @@
+"""The allocator source (CUDA): PyTorch's own allocation history, joined to owners.
+
+`torch.cuda.memory._record_memory_history` records every alloc and free of the caching
+allocator in C++ (cheap, no per-op Python). memdoctor's hooks only note, per phase mark,
+which storages are weights, gradients, optimizer state, saved for backward or inputs, by
+address. Each mark stamps the allocator's user metadata with its index, so every traced
+allocation says which phase, step and module it belongs to; after the run the snapshot
+becomes a Run and the owners are joined by address within their mark.
+"""
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from memdoctor.run import Category, Mark, Phase, Run, Sample
+from memdoctor.capture.budget import cap_cuda
+from memdoctor.capture.recorder import Recorder
+from memdoctor.capture.oomlog import requested_bytes
+from memdoctor.capture.snapshot import snapshot_to_run
+from memdoctor.cuda.allocator_model import round_size
+
+MAX_ENTRIES = 2_000_000
+_PREFIX = "memdoctor:"
+
+
+class AllocatorSource:
+    def __init__(self, recorder: Recorder, budget: int | None = None, device: int | None = None):
+        self.rec = recorder
+        self.budget = budget
+        self.device = torch.cuda.current_device() if device is None else device
+        self.samples: list[tuple[int, int, int]] = []      # (mark index, allocated, reserved)
+        self._metadata = hasattr(torch._C, "_cuda_setMemoryMetadata")
+
+    def start(self) -> None:
+        if self.budget is not None:
+            cap_cuda(self.budget, self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        # stacks at allocations only: gathering Python frames at frees broke
+        # torch.utils.checkpoint's early stop (its exception was lost while tensors were freed)
+        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context="alloc", stacks="python")
+        self.rec.claims = []
+        self.rec.on_mark = self._stamp
+        self._stamp(len(self.rec.run.marks) - 1)
+
+    def _stamp(self, index: int, module: str | None = None) -> None:
+        """Tag what the allocator does from now on with the mark index (and module)."""
+        if self._metadata:
+            torch._C._cuda_setMemoryMetadata(f"{_PREFIX}{index}:{module or ''}")
+        if module is None:
+            self.samples.append((index, torch.cuda.memory_allocated(self.device),
+                                 torch.cuda.memory_reserved(self.device)))
+
+    def stop(self, message: str | None = None) -> Run:
+        """Build the Run from the snapshot and join the recorded owners into it."""
+        rec = self.rec
+        rec.on_mark = None
+        if self._metadata:
+            torch._C._cuda_setMemoryMetadata("")
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        run = snapshot_to_run(snapshot, self.device)
+        _count_as_allocator(run, snapshot, self.device)
+        marks = rec.run.marks
+        run.source, run.device = "allocator", {**rec.run.device, **run.device}
+        run.budget_bytes, run.torch_version = rec.run.budget_bytes, rec.run.torch_version
+        run.meta.update(rec.run.meta)
+        run.meta["peak_allocated"] = torch.cuda.max_memory_allocated(self.device)
+        run.meta["peak_reserved"] = torch.cuda.max_memory_reserved(self.device)
+        mark_of_block = _mark_per_block(run)
+        run.marks = _place_marks(run, marks, mark_of_block, self.samples)
+        _label_blocks(run, marks, mark_of_block)
+        _join_owners(run, rec.claims or [], run.marks)
+        by_index = {i: m.seq for i, m in enumerate(run.marks)}
+        phase_samples = [Sample(by_index.get(i, 0) - 1, a, r) for i, a, r in self.samples]
+        run.meta["phase_samples"] = [s.__dict__ for s in phase_samples]
+        for o in run.ooms:
+            mark = run.mark_at(o.seq)
+            if mark is not None:
+                o.phase, o.step, o.module = mark.phase, mark.step, mark.module
+            if message:
+                o.message = message
+        if message and not run.ooms:
+            rec_oom = rec.record_oom(requested_bytes(message), message, simulated=False)
+            rec_oom.seq = run.num_events
+            run.ooms.append(rec_oom)
+        return run
+
+
+SMALL_REQUEST = 1 << 20      # kSmallSize: larger requests come from the large pool
+
+
+def _count_as_allocator(run: Run, snapshot: dict, device: int) -> None:
+    """Trace entries carry the requested size; the allocator counts the block it handed
+    out. That is the request rounded up to 512 bytes, except in the large pool where a
+    free block is split only if more than 1 MiB would be left: then the whole free block
+    is handed out. Replaying the segments' layout (free gaps between live blocks) gives
+    each block's real size, so replayed bytes equal `memory_allocated()`."""
+    segments: list[tuple[int, int]] = []           # (start, end), sorted
+    live: dict[int, int] = {}                       # address -> block end
+    starts: list[int] = []                          # sorted live block addresses
+
+    known: set[int] = set()
+    exact_end: dict[int, int] = {}                  # blocks alive at the end: their real size
+
+    def add_segment(addr: int, size: int) -> None:
+        if addr not in known:
+            known.add(addr)
+            bisect.insort(segments, (addr, addr + size))
+
+    for seg in snapshot.get("segments") or ():
+        if seg.get("device", device) == device and "address" in seg:
+            add_segment(seg["address"], seg.get("total_size", 0))
+            for blk in seg.get("blocks") or ():
+                if blk.get("state") == "active_allocated" and "address" in blk:
+                    exact_end[blk["address"]] = blk["size"]
+    traces = snapshot.get("device_traces") or []
+    trace = traces[device] if device < len(traces) else []
+    for e in trace:
+        if e.get("action") in ("segment_alloc", "segment_map"):
+            add_segment(e["addr"], e["size"])
+    shift = run.meta.get("snapshot", {}).get("blocks_before_trace", 0)
+    early = [b for b in run.blocks.values() if b.alloc_seq < shift]
+    for b in early:
+        b.nbytes = exact_end.get(b.address, round_size(b.nbytes)) if b.free_seq is None else round_size(b.nbytes)
+        if b.address is not None:
+            live[b.address] = b.address + b.nbytes
+            bisect.insort(starts, b.address)
+    traced = sorted((b for b in run.blocks.values() if b.alloc_seq >= shift), key=lambda b: b.alloc_seq)
+    free_action = run.meta.get("snapshot", {}).get("free_action", "free_completed")
+    k = 0
+    for e in trace:
+        act = e.get("action")
+        if act == "alloc" and k < len(traced):
+            b = traced[k]
+            k += 1
+            addr, size = e["addr"], round_size(e["size"])
+            if e["size"] > SMALL_REQUEST:
+                i = bisect.bisect_right(segments, (addr, 1 << 62)) - 1
+                seg_end = segments[i][1] if i >= 0 and segments[i][0] <= addr < segments[i][1] else addr + size
+                j = bisect.bisect_right(starts, addr)
+                gap_end = min(starts[j] if j < len(starts) else seg_end, seg_end)
+                if gap_end - addr - size <= SMALL_REQUEST:
+                    size = max(gap_end - addr, size)
+            b.nbytes = size
+            if addr in live:
+                starts.remove(addr)
+            live[addr] = addr + size
+            bisect.insort(starts, addr)
+        elif act == free_action:
+            if live.pop(e["addr"], None) is not None:
+                i = bisect.bisect_left(starts, e["addr"])
+                if i < len(starts) and starts[i] == e["addr"]:
+                    starts.pop(i)
+        elif act in ("segment_free", "segment_unmap"):
+            segments[:] = [sg for sg in segments if sg[0] != e["addr"]]
+    run.event_bytes = [run.blocks[i].nbytes if i >= 0 else n for i, n in zip(run.event_blocks, run.event_bytes)]
+
+
+def _mark_per_block(run: Run) -> dict[int, tuple[int, str | None]]:
+    """Block id -> (mark index, module), from the allocator's user metadata. Blocks without
+    it (alive before the trace began) keep no phase."""
+    out: dict[int, tuple[int, str | None]] = {}
+    for block_id, _ctx, meta in run.meta.get("snapshot", {}).get("block_context", []):
+        if meta.startswith(_PREFIX):
+            index, _, module = meta[len(_PREFIX):].partition(":")
+            out[block_id] = (int(index), module or None)
+    return out
+
+
+def _place_marks(run: Run, marks: list[Mark], mark_of_block, samples) -> list[Mark]:
+    """Give each mark the event index where it began. Allocations say their mark (user
+    metadata); between the last allocation of one mark and the first of the next there
+    are only frees, and the allocator's counter read at the mark says how many of them
+    came before it."""
+    from memdoctor.attribution import live_curve
+    last_alloc: dict[int, int] = {}
+    first_alloc: dict[int, int] = {}
+    for block_id, (index, _m) in mark_of_block.items():
+        seq = run.blocks[block_id].alloc_seq
+        last_alloc[index] = max(last_alloc.get(index, -1), seq)
+        first_alloc[index] = min(first_alloc.get(index, 1 << 62), seq)
+    curve = live_curve(run)
+    allocated = {i: a for i, a, _r in samples}
+    placed: list[Mark] = []
+    lo = 0
+    for i, m in enumerate(marks):
+        later = [first_alloc[j] for j in range(i, min(i + 64, len(marks))) if j in first_alloc]
+        hi = min(later) if later else run.num_events
+        hi = max(hi, lo)
+        seq = hi
+        want = allocated.get(i)
+        if want is not None:
+            for s in range(max(lo - 1, -1), hi):
+                if (curve[s] if s >= 0 else 0) == want:
+                    seq = s + 1
+                    break
+        placed.append(Mark(seq, m.phase, m.step, m.module, m.time))
+        lo = max(seq, last_alloc.get(i, -1) + 1)
+    return placed
+
+
+def _label_blocks(run: Run, marks: list[Mark], mark_of_block) -> None:
+    temps = Category.TEMPORARIES.value
+    for block_id, (index, module) in mark_of_block.items():
+        b = run.blocks[block_id]
+        if index < len(marks):
+            m = marks[index]
+            b.phase, b.step = m.phase, m.step
+            b.module = module or m.module
+            if m.phase != Phase.OTHER.value:
+                b.category = temps
+
+
+def _join_owners(run: Run, claims: list, marks: list[Mark]) -> None:
+    """Each claim (mark index, address, category, name, shape, dtype) names the block that
+    was at that address during its mark: the last one allocated there before the next mark."""
+    from memdoctor.run import stronger
+    by_addr: dict[int, list[tuple[int, int]]] = {}
+    for b in run.blocks.values():
+        if b.address is not None:
+            by_addr.setdefault(b.address, []).append((b.alloc_seq, b.id))
+    for entries in by_addr.values():
+        entries.sort()
+    ends = [m.seq for m in marks[1:]] + [run.num_events]
+    for index, addr, category, name, shape, dtype in claims:
+        entries = by_addr.get(addr)
+        if not entries:
+            continue
+        end = ends[index] if index < len(ends) else run.num_events
+        pos = bisect.bisect_right(entries, (end, 1 << 62)) - 1
+        if pos < 0:
+            pos = 0
+        b = run.blocks[entries[pos][1]]
+        b.category = category if b.category in (Category.TEMPORARIES.value, Category.OTHER.value) \
+            else stronger(category, b.category)
+        if name and (not b.name or category in (Category.WEIGHTS.value, Category.GRADIENTS.value,
+                                                 Category.OPTIMIZER_STATE.value)):
+            b.name = name
+        if shape and not b.shape:
+            b.shape, b.dtype = shape, dtype

@@ -1,0 +1,123 @@
+"""The dispatch source: a TorchDispatchMode that sees every op's outputs on any device
+(cpu, cuda, meta, FakeTensorMode) and hands each new storage to the Recorder once.
+
+The hot path does one dict lookup per output tensor; everything else (names, phases) is
+cached or read from the Recorder's current state.
+
+A dispatch mode changes one thing in the run it watches: autograd's engine then sums two
+gradients for one input into a new tensor, where a plain run sums into one of them in place
+(measured on the H200, benchmarks/results/gpu/h200x2_pass12). A run recorded here holds
+those sums; the CUDA allocator source has no dispatch mode and sees the plain run.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from memdoctor.run import Category, Phase
+from memdoctor.capture.recorder import Recorder, log
+
+_in_backward = torch._C._current_graph_task_id
+_TEMP = Category.TEMPORARIES.value
+_BACKWARD = Phase.BACKWARD.value
+# An op returns a tensor, a flat tuple/list of them, a scalar or None almost always: walking
+# those directly saves a pytree flatten (several microseconds) per op; anything else is
+# flattened.
+_SEQUENCES = (tuple, list)
+_SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat)
+Tensor = torch.Tensor
+
+
+class DispatchSource(TorchDispatchMode):
+    def __init__(self, recorder: Recorder):
+        super().__init__()
+        self.recorder = recorder
+        self._names: dict = {}
+        self.broken = False
+
+    def __enter__(self):
+        out = super().__enter__()
+        _watch_resizes(self.recorder)
+        return out
+
+    def __exit__(self, *exc):
+        _unwatch_resizes(self.recorder)
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.broken:
+            return out
+        try:
+            self._record(func, out)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:        # memdoctor's failure must not break training
+            self.broken = True
+            log.warning("memdoctor: dispatch tracing stopped after an internal error: %s", exc)
+        return out
+
+    def _record(self, func, out) -> None:
+        rec = self.recorder
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = f"aten.{func.overloadpacket.__name__}"
+        if _in_backward() != -1:
+            if rec.phase != _BACKWARD:
+                rec.mark(_BACKWARD)
+        elif rec.phase == _BACKWARD:
+            rec.mark(rec.outer_phase())
+        if isinstance(out, Tensor):
+            rec.add(out, name, _TEMP)
+        elif isinstance(out, _SEQUENCES):     # (out, mean, rstd), a list of chunks, ...
+            for t in out:
+                if isinstance(t, Tensor):
+                    rec.add(t, name, _TEMP)
+                elif isinstance(t, _SEQUENCES):
+                    self._record_leaves(name, t)
+        elif out is not None and not isinstance(out, _SCALARS):
+            self._record_leaves(name, out)
+
+    def _record_leaves(self, name: str, out) -> None:
+        for t in tree_leaves(out):
+            if isinstance(t, Tensor):
+                self.recorder.add(t, name, _TEMP)
+
+
+# ---- storages resized in place ----------------------------------------------------------
+# `UntypedStorage.resize_` is a storage method, not an op: no dispatch mode sees it. FSDP2
+# frees gathered weights and gathers them again that way, so while a trace runs the method
+# is wrapped to tell the recorders (once for all nested traces; put back by the last one).
+_resize_listeners: list[Recorder] = []
+_original_resize = None
+
+
+def _traced_resize(storage, size):
+    for rec in list(_resize_listeners):
+        rec.resizing(storage, int(size))        # the simulated budget may raise the OOM here
+    out = _original_resize(storage, size)
+    for rec in list(_resize_listeners):
+        try:
+            rec.resized(storage)
+        except Exception as exc:                # memdoctor's failure must not break training
+            rec.frees_broken(exc)
+    return out
+
+
+def _watch_resizes(rec: Recorder) -> None:
+    global _original_resize
+    if not _resize_listeners:
+        _original_resize = torch.UntypedStorage.resize_
+        torch.UntypedStorage.resize_ = _traced_resize
+    _resize_listeners.append(rec)
+
+
+def _unwatch_resizes(rec: Recorder) -> None:
+    global _original_resize
+    if rec in _resize_listeners:
+        _resize_listeners.remove(rec)
+    if not _resize_listeners and _original_resize is not None:
+        if torch.UntypedStorage.__dict__.get("resize_") is _traced_resize:
+            del torch.UntypedStorage.resize_     # the C method of StorageBase shows through again
+        _original_resize = None

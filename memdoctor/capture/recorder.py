@@ -1,0 +1,244 @@
+"""The Recorder: the state a trace builds up, turned into a Run at the end.
+
+Both sources feed it: the dispatch mode reports storages as ops create them, the hooks
+report who owns a storage (parameter, gradient, optimizer state, saved for backward,
+input) and where the run is (phase, step, module). Every storage is one Block, counted
+once, freed when its last tensor dies (a weakref callback on the storage object, which
+PyTorch keeps alive exactly as long as the storage itself).
+"""
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from memdoctor.run import OOM, Action, Block, Mark, Phase, Run, stronger
+
+log = logging.getLogger("memdoctor")
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)    # the types that hold their own storage
+_WRAPPERS: dict[type, bool] = {}                # tensor subclass -> holds its memory in inner tensors
+
+
+class _StorageRef(weakref.ref):
+    """The weak reference to a live storage, which also says which block it is: one object
+    per live storage (not a closure, a tuple and a plain weakref), so fewer objects for the
+    garbage collector to walk while a long run records."""
+    __slots__ = ("key", "block")
+
+
+class Recorder:
+    def __init__(self, run: Run):
+        self.run = run
+        self.active = True
+        self.live: dict[int, _StorageRef] = {}
+        # storages resized to 0 bytes: their last entry, kept so its weakref still fires
+        self._shrunk: dict[int, _StorageRef] = {}
+        self._on_free_callback = self._on_free     # one bound method shared by every weakref
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.peak_seq = 0
+        self.phase = Phase.OTHER.value
+        self.step = 0
+        self.module: str | None = None
+        self.forward_depth = 0
+        self.in_optimizer = False
+        self.budget: Callable[[int, int], None] | None = None
+        # allocator source: owners noted by address per mark instead of counted here
+        self.claims: list | None = None
+        self.on_mark: Callable[..., None] | None = None
+        self._t0 = time.perf_counter()
+        self._next_id = 0
+        self._dtype_names: dict[Any, str] = {}
+        self._device_names: dict[Any, str] = {}
+        self.mark()
+
+    # ---- where the run is ---------------------------------------------------------
+    def mark(self, phase: str | None = None, module: str | None = None) -> None:
+        """Note that from the next event on the run is in `phase` (and `module`)."""
+        if phase is not None:
+            self.phase = phase
+        self.module = module
+        marks = self.run.marks
+        seq = len(self.run.actions)
+        m = Mark(seq, self.phase, self.step, module, round(time.perf_counter() - self._t0, 6))
+        marks.append(m)       # kept even when empty: a fused optimizer step allocates nothing
+        if self.on_mark is not None:
+            self.on_mark(len(marks) - 1)
+
+    def enter_module(self, name: str | None) -> None:
+        self.module = name
+        if self.on_mark is not None:
+            self.on_mark(len(self.run.marks) - 1, name or "")
+
+    def outer_phase(self) -> str:
+        """The phase the hooks say we are in, outside the autograd engine."""
+        if self.in_optimizer:
+            return Phase.OPTIMIZER.value
+        return Phase.FORWARD.value if self.forward_depth else Phase.OTHER.value
+
+    # ---- storages ------------------------------------------------------------------
+    def add(self, tensor, name: str, category: str, phase: str | None = None) -> Block | None:
+        """Count `tensor`'s storage if it is new; returns its Block either way."""
+        kind = type(tensor)
+        if kind not in _PLAIN:
+            wrapper = _WRAPPERS.get(kind)
+            if wrapper is None:
+                wrapper = _WRAPPERS[kind] = is_traceable_wrapper_subclass(tensor)
+            if wrapper:
+                return self._add_inner(tensor, name, category, phase)
+        try:                    # runs for every op's output: kept flat
+            storage = tensor.untyped_storage()
+        except Exception:
+            return None
+        key = storage._cdata
+        entry = self.live.get(key)
+        if entry is not None:
+            block = entry.block
+            if block.category != category:
+                block.category = stronger(category, block.category)
+            return block
+        nbytes = storage.nbytes()
+        if self.budget is not None:
+            self.budget(nbytes, self.live_bytes)
+        return self._alloc(storage, key, nbytes, tensor, name, category, phase)
+
+    def _add_inner(self, tensor, name: str, category: str, phase: str | None) -> Block | None:
+        """A wrapper subclass (DTensor, ...) holds no memory of its own (its storage reports
+        the global size): the tensors inside it do, a rank's local shard for a DTensor."""
+        try:
+            attrs, _ = tensor.__tensor_flatten__()
+        except Exception:
+            return None
+        first = None
+        for attr in attrs:
+            inner = getattr(tensor, attr, None)
+            if isinstance(inner, torch.Tensor):
+                block = self.add(inner, name, category, phase)
+                first = first or block
+        return first
+
+    def _alloc(self, storage, key, nbytes, tensor, name, category, phase) -> Block:
+        dtype, device = tensor.dtype, tensor.device
+        dname = self._dtype_names.get(dtype)
+        if dname is None:
+            dname = self._dtype_names[dtype] = str(dtype).replace("torch.", "")
+        devname = self._device_names.get(device)
+        if devname is None:
+            devname = self._device_names[device] = str(device)
+        return self._new_block(storage, key, nbytes, list(tensor.shape), dname, devname, name, category, phase)
+
+    def _new_block(self, storage, key, nbytes, shape, dname, devname, name, category, phase) -> Block:
+        run = self.run
+        seq = len(run.actions)
+        block = Block(self._next_id, nbytes, category, name, shape, dname,
+                      devname, self.module, phase or self.phase, self.step, seq)
+        self._next_id += 1
+        run.blocks[block.id] = block
+        run.actions.append(Action.ALLOC)
+        run.event_blocks.append(block.id)
+        run.event_bytes.append(nbytes)
+        ref = _StorageRef(storage, self._on_free_callback)
+        ref.key, ref.block = key, block
+        self.live[key] = ref
+        self.live_bytes += nbytes
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+            self.peak_seq = seq
+        return block
+
+    def _on_free(self, ref: _StorageRef) -> None:
+        try:
+            self.free(ref.key)
+        except Exception as exc:    # runs inside CPython's weakref machinery: never raise
+            self.frees_broken(exc)
+
+    def frees_broken(self, exc: Exception) -> None:
+        """Frees can no longer be recorded, so live bytes only grow from here: stop, and drop
+        the simulated budget, which would otherwise raise an OOM the training never had."""
+        if self.active:
+            self.active = False
+            self.budget = None
+            log.warning("memdoctor: recording frees stopped after an internal error: %r", exc)
+
+    def resizing(self, storage, nbytes: int) -> None:
+        """A storage is about to take `nbytes` in place: the simulated budget's say first."""
+        if self.budget is not None and self.active:
+            entry = self.live.get(storage._cdata)
+            grow = nbytes - (entry.block.nbytes if entry is not None else 0)
+            if grow > 0 and (entry is not None or storage._cdata in self._shrunk):
+                self.budget(grow, self.live_bytes)
+
+    def resized(self, storage) -> None:
+        """A counted storage changed size in place (FSDP2 frees its gathered weights with
+        `resize_(0)` and gathers them again into the same storage): the old size's block
+        ends there, the new size is a new block with the same owner and name."""
+        if not self.active:
+            return
+        key = storage._cdata
+        nbytes = storage.nbytes()
+        entry = self.live.get(key)
+        shrunk = self._shrunk.get(key)
+        if entry is None and shrunk is None:
+            return                      # a storage this trace never counted
+        if (entry.block.nbytes if entry is not None else 0) == nbytes:
+            return                      # no change
+        template = entry.block if entry is not None else shrunk.block
+        if entry is not None:
+            self.free(key)
+        if nbytes == 0:
+            self._shrunk[key] = entry
+            return
+        self._shrunk.pop(key, None)
+        self._new_block(storage, key, nbytes, template.shape, template.dtype, template.device,
+                        template.name, template.category, None)
+
+    def free(self, key: int) -> None:
+        if not self.active:
+            return
+        self._shrunk.pop(key, None)
+        entry = self.live.pop(key, None)
+        if entry is None:
+            return
+        block = entry.block
+        run = self.run
+        block.free_seq = len(run.actions)
+        run.actions.append(Action.FREE)
+        run.event_blocks.append(block.id)
+        run.event_bytes.append(block.nbytes)
+        self.live_bytes -= block.nbytes
+
+    def claim(self, tensor, category: str, name: str | None = None) -> None:
+        """Say who owns an existing tensor's storage (counting it first if it is new)."""
+        if self.claims is not None:
+            try:
+                addr = tensor.untyped_storage().data_ptr()
+            except Exception:
+                return
+            self.claims.append((len(self.run.marks) - 1, addr, category, name,
+                                list(tensor.shape), str(tensor.dtype).replace("torch.", "")))
+            return
+        block = self.add(tensor, name or "", category)
+        if block is not None and name and block.category == category:
+            block.name = name
+
+    def record_oom(self, requested: int | None, message: str, simulated: bool) -> OOM:
+        oom = OOM(len(self.run.actions), requested, message, self.phase, self.step, self.module,
+                  simulated, self.live_bytes)
+        self.run.actions.append(Action.OOM)
+        self.run.event_blocks.append(-1)
+        self.run.event_bytes.append(requested or 0)
+        self.run.ooms.append(oom)
+        return oom
+
+    def close(self) -> Run:
+        """Stop listening for frees; what is still alive stays alive in the Run."""
+        self.active = False
+        self.live.clear()
+        self.mark()
+        return self.run

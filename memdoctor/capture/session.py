@@ -1,0 +1,198 @@
+"""The tracer: recorder + dispatch source + ownership hooks + budget, as one context
+manager, and `trace_script` to run a user's script under it unchanged."""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from memdoctor.run import Phase, Run
+from memdoctor.units import parse_size
+from memdoctor.capture.budget import SimulatedBudget
+from memdoctor.capture.ranks import rank_info
+from memdoctor.capture.dispatch import DispatchSource
+from memdoctor.capture.hooks import OwnershipHooks
+from memdoctor.capture.oomlog import requested_bytes
+from memdoctor.capture.recorder import Recorder
+
+def pick_source(source: str) -> str:
+    if source not in ("auto", "dispatch", "allocator"):
+        raise ValueError(f"unknown source {source!r}: use auto, dispatch or allocator")
+    if source == "auto":
+        return "allocator" if torch.cuda.is_available() else "dispatch"
+    if source == "allocator" and not torch.cuda.is_available():
+        raise ValueError("the allocator source needs a CUDA device; use --source dispatch")
+    return source
+
+
+class Tracer:
+    """Trace everything run inside `with Tracer(...) as t:`; `t.run` is the Run after exit.
+
+    models / optimizers made before the tracer starts are claimed up front; those made
+    inside are found by the global hooks on their first forward and first step.
+    """
+
+    def __init__(self, models=(), optimizers=(), budget=None, source: str = "auto"):
+        self.models = [m for m in models if m is not None]
+        self.optimizers = [o for o in optimizers if o is not None]
+        self.budget = parse_size(budget) if budget is not None else None
+        self.source = pick_source(source)
+        self.run: Run | None = None
+        self._parts: list = []
+
+    def __enter__(self) -> "Tracer":
+        run = Run(source=self.source, budget_bytes=self.budget, torch_version=torch.__version__)
+        run.device = device_facts(self.source)
+        ranked = rank_info()
+        if ranked is not None:
+            run.meta["rank"], run.meta["world_size"] = ranked
+        self.recorder = rec = Recorder(run)
+        self.hooks = OwnershipHooks(rec)
+        self.hooks.install()
+        if self.source == "allocator":
+            from memdoctor.capture.allocator import AllocatorSource
+            self.allocator = AllocatorSource(rec, self.budget)
+            self.allocator.start()
+        else:
+            self.allocator = None
+            if self.budget is not None:
+                rec.budget = SimulatedBudget(rec, self.budget, run.device.get("type", "cpu"))
+            self.mode = DispatchSource(rec)
+            self.mode.__enter__()
+        for m in self.models:
+            self.hooks.adopt_model(m)
+        for o in self.optimizers:
+            self.hooks.adopt_optimizer(o)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        rec = self.recorder
+        if self.allocator is None:
+            self.mode.__exit__(None, None, None)
+        self.hooks.find_unstepped_optimizers()
+        self.hooks.claim_all_state()
+        self.hooks.remove()
+        oom_message = str(exc).strip() if isinstance(exc, torch.OutOfMemoryError) else None
+        if oom_message and rec.run.device.get("type") == "cuda":
+            rec.run.device["nvml_at_oom"] = _nvml_now(rec.run.device.get("index", 0))
+        rec.run.meta["forward_calls"] = self.hooks.forward_calls()
+        rec.run.meta["optimizers"] = self.hooks.optimizer_info
+        if self.allocator is not None:
+            rec.active = False
+            self.run = self.allocator.stop(oom_message)
+            _calls_to_seqs(self.run)
+        else:
+            if oom_message and not any(o.message == oom_message for o in rec.run.ooms):
+                rec.record_oom(requested_bytes(oom_message), oom_message, simulated=False)
+            self.run = rec.close()
+        if self.allocator is None:
+            self.run.meta["peak_live_bytes"] = rec.peak_bytes
+        label_forwards_without_backward(self.run, ended_in_oom=bool(self.run.ooms))
+        return False
+
+
+def _calls_to_seqs(run: Run) -> None:
+    """Allocator runs place marks after the fact: restate forward calls in event indices."""
+    for c in run.meta.get("forward_calls", []):
+        c["seq_start"] = run.marks[c["mark_start"]].seq if c["mark_start"] < len(run.marks) else 0
+        end = c.get("mark_end")
+        c["seq_end"] = run.marks[end].seq if end is not None and end < len(run.marks) else None
+
+
+def device_facts(source: str) -> dict:
+    if source == "allocator" or torch.cuda.is_available():
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        props = torch.cuda.get_device_properties(index) if torch.cuda.is_available() else None
+        facts = {"type": "cuda", "index": index}
+        if props is not None:
+            facts.update(name=props.name, capacity_bytes=props.total_memory)
+        try:
+            from memdoctor.cuda.nvml import device_facts as nvml_facts
+            facts["nvml"] = nvml_facts(index)
+        except Exception as exc:     # NVML is a bonus, never a requirement
+            facts["nvml"] = {"available": False, "reason": str(exc)}
+        facts["allocator_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        return facts
+    return {"type": "cpu"}
+
+
+def _nvml_now(index: int) -> dict:
+    try:
+        from memdoctor.cuda.nvml import device_facts as nvml_facts
+        return nvml_facts(index)
+    except Exception as exc:
+        return {"available": False, "reason": str(exc)}
+
+
+def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
+    """Forward passes whose graph was never back-propagated keep their saved tensors for
+    nothing. A pass cut short by the OOM counts when its module was in eval mode with
+    grad enabled (the classic validation loop without no_grad)."""
+    calls = run.meta.get("forward_calls", [])
+    ranges = []
+    for i, c in enumerate(calls):
+        if c["backward"]:
+            continue
+        cut_short = i == len(calls) - 1 and ended_in_oom
+        if cut_short and c["grad_enabled"] and c["training"]:
+            continue            # a training forward the OOM stopped before its backward
+        end = c["seq_end"] if c["seq_end"] is not None else run.num_events
+        ranges.append((c["seq_start"], end))
+        c["phase"] = Phase.FORWARD_NO_BACKWARD.value
+    if not ranges:
+        return
+    fwd, nob = Phase.FORWARD.value, Phase.FORWARD_NO_BACKWARD.value
+
+    def inside(seq: int) -> bool:
+        return any(a <= seq < b for a, b in ranges)
+    for m in run.marks:
+        if m.phase == fwd and inside(m.seq):
+            m.phase = nob
+    for b in run.blocks.values():
+        if b.phase == fwd and inside(b.alloc_seq):
+            b.phase = nob
+    for o in run.ooms:
+        if o.phase == fwd and inside(o.seq):
+            o.phase = nob
+
+
+@dataclass
+class ScriptResult:
+    run: Run
+    exit_code: int = 0
+    error: str | None = None
+    oom: bool = False
+    output: list[str] = field(default_factory=list)
+
+
+def trace_script(path: str, args: list[str] | None = None, budget=None, source: str = "auto") -> ScriptResult:
+    """Run a script as `python path args...` would, under the tracer, with no change to it."""
+    argv = [path, *(args or [])]
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    tracer = Tracer(budget=budget, source=source)
+    code, error, oom = 0, None, False
+    try:
+        with tracer:
+            runpy.run_path(path, run_name="__main__")
+    except torch.OutOfMemoryError as exc:
+        oom, code, error = True, 1, str(exc).strip().splitlines()[0]
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        code, error = 130, "interrupted"
+    except BaseException as exc:    # the script's own failure: report it, keep the run
+        code, error = 1, "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    finally:
+        sys.argv, sys.path[:] = old_argv, old_path
+    run = tracer.run
+    run.script, run.argv = os.path.abspath(path), argv[1:]
+    if error:
+        run.meta["script_error"] = error
+    run.meta["exit_code"] = code
+    return ScriptResult(run, code, error, oom)

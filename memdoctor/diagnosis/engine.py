@@ -1,0 +1,50 @@
+"""Run every rule on the facts, rank the findings: what to fix first comes first."""
+from __future__ import annotations
+
+import logging
+
+from memdoctor.diagnosis.base import Finding, fits
+from memdoctor.diagnosis.facts import Facts
+from memdoctor.diagnosis.registry import FALLBACK, RULES, load
+
+log = logging.getLogger("memdoctor")
+
+
+def diagnose(facts: Facts, select: list[str] | None = None) -> list[Finding]:
+    findings: list[Finding] = []
+    for rule_id in select or RULES:
+        try:
+            found = load(rule_id).check(facts)
+        except Exception as exc:        # one broken rule must not hide the others
+            log.warning("memdoctor: rule %s failed: %r", rule_id, exc)
+            continue
+        if found is not None:
+            findings.append(found)
+    if not findings and select is None:
+        for rule_id in FALLBACK:
+            found = load(rule_id).check(facts)
+            if found is not None:
+                findings.append(found)
+    for finding in findings:
+        _add_pending_state(finding, facts)
+    return rank(findings)
+
+
+def _add_pending_state(finding: Finding, facts: Facts) -> None:
+    """Rules predict from the moment of the OOM; if that came before the optimizer made
+    its state, the fixed run's later steps carry that state on top."""
+    pending = facts.pending_state_bytes if facts.source == "run" else 0
+    if not pending or finding.rule == "model-states":      # model-states counts it already
+        return
+    for remedy in finding.remedies:
+        if remedy.predicted_peak_bytes is not None:
+            remedy.predicted_peak_bytes += pending
+    predicted = [r.predicted_peak_bytes for r in finding.remedies if r.predicted_peak_bytes is not None]
+    if predicted:
+        finding.fits_after_fix = fits(facts, min(predicted))
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """By tier (free fixes that alone make it fit, then specific parts, then structural
+    causes, then partial fixes), then by the memory each accounts for."""
+    return sorted(findings, key=lambda f: (f.tier, -f.accounts_for_bytes))

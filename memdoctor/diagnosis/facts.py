@@ -1,0 +1,205 @@
+"""Facts: the numbers every rule reads, derived once from a Run or from an OOM message.
+
+A rule never walks the Run itself; it reads these. That keeps rules short, makes them
+work on a pasted log (where only the OOM facts exist), and keeps the cost of a 1,000,000
+event run in one place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memdoctor.attribution import Breakdown, breakdown_at, peak, per_step
+from memdoctor.run import Block, Category, Phase, Run
+
+W, G, S = Category.WEIGHTS.value, Category.GRADIENTS.value, Category.OPTIMIZER_STATE.value
+ACT, TMP, INP = Category.ACTIVATIONS.value, Category.TEMPORARIES.value, Category.INPUTS.value
+STATE_PER_PARAM_BYTE = {"Adam": 2.0, "AdamW": 2.0, "NAdam": 2.0, "RAdam": 2.0, "Adamax": 2.0,
+                        "Adagrad": 1.0, "RMSprop": 1.0, "Adadelta": 2.0, "Adafactor": 0.1}
+VOCAB_MIN = 8192
+PRESSURE = 0.8    # a last dimension this large on a projection's output is a vocabulary
+
+
+@dataclass
+class Facts:
+    source: str                                   # "run" or "log"
+    limit_bytes: int | None = None                # budget, allowed or capacity: what we must fit
+    capacity_bytes: int | None = None
+    budget_bytes: int | None = None
+    device: str = "cpu"
+    oom: bool = False
+    requested_bytes: int | None = None
+    oom_phase: str | None = None
+    oom_step: int | None = None
+    oom_module: str | None = None
+    focus: Breakdown | None = None                # at the OOM, else at the peak
+    focus_blocks: list[Block] = field(default_factory=list)
+    peak_bytes: int = 0
+    peak: Breakdown | None = None
+    steps: list[dict] = field(default_factory=list)
+    growth_per_step: float = 0.0
+    leaked: list[Block] = field(default_factory=list)
+    no_backward_activation_bytes: int = 0
+    no_backward_calls: int = 0
+    optimizer: dict[str, Any] | None = None
+    state_bytes_full: int = 0                     # optimizer state once every parameter has it
+    optimizer_temporaries: int = 0
+    grads_in_forward: int = 0
+    logits: list[Block] = field(default_factory=list)
+    vocab: int | None = None
+    step_activations: int = 0
+    blocks_of_model: int = 0
+    allocator: dict[str, Any] = field(default_factory=dict)   # OOM message numbers (CUDA)
+    other_process_bytes: int | None = None
+    other_processes: list[dict] = field(default_factory=list)
+
+    @property
+    def focus_bytes(self) -> int:
+        """Live bytes the rules argue about: at the OOM (plus the failed request), else the peak."""
+        base = self.focus.total_bytes if self.focus else self.peak_bytes
+        return base + (self.requested_bytes or 0 if self.oom else 0)
+
+    def cat(self, name: str) -> int:
+        return self.focus.by_category.get(name, 0) if self.focus else 0
+
+    @property
+    def under_pressure(self) -> bool:
+        """An OOM, or a peak within 20% of the limit: when a run fits with room to spare,
+        how it spends memory is no finding."""
+        if self.oom:
+            return True
+        return bool(self.limit_bytes) and self.focus_bytes >= PRESSURE * self.limit_bytes
+
+    @property
+    def model_state_bytes(self) -> int:
+        """Weights + gradients + optimizer state as they are once every step has run."""
+        weights = self.cat(W)
+        grads = max(self.cat(G), self.param_bytes if self.optimizer else 0)
+        return weights + grads + max(self.cat(S), self.state_bytes_full)
+
+    @property
+    def pending_state_bytes(self) -> int:
+        """Optimizer state not made yet (the run stopped before its first step): every
+        later step's peak will carry it, so predictions for a fixed run must too."""
+        if self.oom_phase == "optimizer":
+            return 0            # the state being made is already in the numbers
+        return max(self.state_bytes_full - self.cat(S), 0)
+
+    @property
+    def param_bytes(self) -> int:
+        return (self.optimizer or {}).get("param_bytes", 0)
+
+
+def facts_from_run(run: Run) -> Facts:
+    f = Facts(source="run", budget_bytes=run.budget_bytes, device=run.device.get("type", "cpu"))
+    f.capacity_bytes = run.device.get("capacity_bytes")
+    f.limit_bytes = run.budget_bytes or f.capacity_bytes
+    peak_seq, f.peak_bytes = peak(run)
+    f.peak = breakdown_at(run, peak_seq, top=20)
+    if run.ooms:
+        o = run.ooms[0]
+        f.oom, f.requested_bytes = True, o.requested_bytes
+        f.oom_phase, f.oom_step, f.oom_module = o.phase, o.step, o.module
+        focus_seq = max(o.seq - 1, 0)
+        if not o.simulated:
+            _allocator_facts(f, o.message)
+    else:
+        focus_seq = peak_seq
+    f.focus = breakdown_at(run, focus_seq, top=20)
+    f.focus_blocks = [b for b in run.blocks.values()
+                      if b.alloc_seq <= focus_seq and (b.free_seq is None or b.free_seq > focus_seq)]
+    current_step = f.focus.step
+    f.steps = per_step(run)
+    f.growth_per_step = _growth(f.steps)
+    f.leaked = [b for b in f.focus_blocks if b.category not in (W, G, S)
+                and b.step < current_step - 1 and b.phase != Phase.OTHER.value]
+    nob = Phase.FORWARD_NO_BACKWARD.value
+    f.no_backward_activation_bytes = sum(b.nbytes for b in f.focus_blocks
+                                         if b.phase == nob and b.category in (ACT, TMP))
+    f.no_backward_calls = sum(1 for c in run.meta.get("forward_calls", []) if c.get("phase") == nob)
+    optimizers = run.meta.get("optimizers") or []
+    if optimizers:
+        f.optimizer = optimizers[0]
+        per_byte = STATE_PER_PARAM_BYTE.get(f.optimizer["class"], 0.0)
+        if f.optimizer["class"] == "SGD" and f.optimizer.get("momentum"):
+            per_byte = 1.0
+        f.state_bytes_full = int(sum(o["param_bytes"] for o in optimizers) * per_byte)
+    f.optimizer_temporaries = sum(b.nbytes for b in f.focus_blocks
+                                  if b.phase == Phase.OPTIMIZER.value and b.category == TMP)
+    if f.oom and f.oom_phase == Phase.OPTIMIZER.value:
+        f.optimizer_temporaries += f.requested_bytes or 0
+    if f.focus.phase == Phase.FORWARD.value or f.oom_phase == Phase.FORWARD.value:
+        f.grads_in_forward = f.cat(G)
+    f.step_activations = sum(b.nbytes for b in f.focus_blocks
+                             if b.category == ACT and b.step == current_step)
+    _find_logits(f)
+    nvml = run.device.get("nvml_at_oom") or run.device.get("nvml") or {}
+    if nvml.get("available"):
+        others = [p for p in nvml.get("processes", []) if not p.get("is_self")]
+        held = sum(p.get("bytes") or 0 for p in others)
+        if held >= (f.other_process_bytes or 0):      # the OOM message may know better
+            f.other_processes, f.other_process_bytes = others, held
+        f.capacity_bytes = f.capacity_bytes or nvml.get("total_bytes")
+    return f
+
+
+def facts_from_oom(oom) -> Facts:
+    """Facts from one parsed OOM message (memdoctor.capture.oomlog.OOMFacts): no Run behind it."""
+    f = Facts(source="log", device=oom.kind)
+    f.oom = True
+    f.requested_bytes = oom.requested_bytes
+    f.capacity_bytes = oom.total_capacity_bytes
+    f.limit_bytes = oom.allowed_bytes if oom.allowed_bytes and not oom.extra.get("allowed_is_unlimited") \
+        else oom.total_capacity_bytes
+    f.allocator = oom.expected()
+    _other_from_message(f)
+    return f
+
+
+def _allocator_facts(f: Facts, message: str) -> None:
+    try:
+        from memdoctor.capture.oomlog import parse_text
+        found = parse_text(message)
+    except Exception:
+        return
+    if found:
+        f.allocator = found[0].expected()
+        _other_from_message(f)
+        f.capacity_bytes = f.capacity_bytes or f.allocator.get("total_capacity_bytes")
+
+
+def _other_from_message(f: Facts) -> None:
+    a = f.allocator
+    procs = a.get("other_processes")
+    if procs:
+        f.other_processes = procs
+    total, free, mine = a.get("total_capacity_bytes"), a.get("free_bytes"), a.get("process_in_use_bytes")
+    if total and free is not None and mine is not None:
+        f.other_process_bytes = max(total - free - mine, 0)
+    elif procs:
+        f.other_process_bytes = sum(p["bytes"] for p in procs)
+
+
+def _growth(steps: list[dict]) -> float:
+    """Least-squares slope of end-of-step live bytes, ignoring the first step (warm-up:
+    optimizer state appears then)."""
+    rows = [(r["step"], r["end_bytes"]) for r in steps[1:]]
+    if len(rows) < 3:
+        return 0.0
+    n = len(rows)
+    mx = sum(x for x, _ in rows) / n
+    my = sum(y for _, y in rows) / n
+    var = sum((x - mx) ** 2 for x, _ in rows)
+    return sum((x - mx) * (y - my) for x, y in rows) / var if var else 0.0
+
+
+def _find_logits(f: Facts) -> None:
+    """Outputs of a projection to a vocabulary: the last dim matches a large weight's rows."""
+    weights = [b for b in f.focus_blocks if b.category == W and len(b.shape) == 2]
+    consumed = {b.shape[1] for b in weights}      # a width some later layer reads is no vocabulary
+    vocab_dims = {b.shape[0] for b in weights if b.shape[0] >= VOCAB_MIN and b.shape[0] not in consumed}
+    if not vocab_dims:
+        return
+    f.vocab = max(vocab_dims)
+    f.logits = [b for b in f.focus_blocks if b.category not in (W, G, S)
+                and len(b.shape) >= 2 and b.shape[-1] in vocab_dims]

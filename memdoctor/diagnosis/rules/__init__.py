@@ -1,0 +1,1 @@
+"""One file per cause: each rule reads Facts and returns a Finding or nothing."""

@@ -1,0 +1,91 @@
+"""activations: tensors saved for backward dominate the peak.
+
+What it detects
+    At the peak (or the OOM) most live memory is tensors the forward pass saved for the
+    backward pass, and they were made in this very step.
+Why it runs out of memory
+    Every layer keeps its inputs (and often more) until backward reaches it. Saved bytes
+    grow linearly with batch size and, with plain attention, quadratically with sequence
+    length, so a longer sequence or a bigger batch tips a run that fitted.
+Example
+    bad:  loss = model(batch_of_16384).mean(); loss.backward()
+    good: Plan(checkpointing="full")    # recompute each block in backward
+          Plan(micro_batch=4096)        # same effective batch, accumulated gradients
+Fix
+    Checkpoint the repeated blocks, split the batch into micro-batches with gradient
+    accumulation (the effective batch stays), or train in bf16 autocast.
+"""
+from __future__ import annotations
+
+from memdoctor.units import format_bytes
+from memdoctor.diagnosis.base import STRUCTURAL, Finding, Remedy, fits
+from memdoctor.diagnosis.facts import Facts
+
+ID = "activations"
+SHARE = 0.35
+
+
+def check(f: Facts) -> Finding | None:
+    if not f.under_pressure or f.source != "run":
+        return None
+    acts = f.step_activations
+    if f.oom and f.oom_phase == "forward":
+        acts += f.requested_bytes or 0      # what a forward asks for is about to be saved
+    live = f.focus_bytes
+    if not live or acts < SHARE * live:
+        return None
+    # the forward's working set: saved tensors plus this step's temporaries scale with the batch
+    scaling = acts + _step_temporaries(f) + (f.requested_bytes or 0 if f.oom and f.oom_phase != "forward" else 0)
+    fixed = max(live - scaling, 0)
+    modules = _top_modules(f)
+    evidence = [f"{format_bytes(acts)} saved for backward in step {f.focus.step}, "
+                f"{100 * acts / live:.0f}% of {format_bytes(live)} live"
+                + (f" when {format_bytes(f.requested_bytes)} more was asked for in {f.oom_phase}" if f.oom else "")]
+    if modules:
+        evidence.append("largest savers: " + ", ".join(f"{m} {format_bytes(n)}" for m, n in modules))
+    blocks = _block_activations(f)
+    # checkpointed: each block's input stays; backward recomputes one block at a time, and
+    # that block's saved tensors meet their gradients
+    ckpt_full = fixed + 2 * max(blocks.values()) + scaling // 8 if len(blocks) >= 2 else fixed + scaling // 4
+    remedies = [
+        Remedy("activation checkpointing per block", "Plan(checkpointing='full'): keep block inputs only, recompute in backward",
+               ckpt_full, "ckpt=full"),
+        Remedy("selective checkpointing", "Plan(checkpointing='selective'): keep matmul outputs, recompute pointwise ops",
+               fixed + scaling // 2, "ckpt=selective"),
+        Remedy("micro-batches of a quarter", "Plan(micro_batch=...) with gradient accumulation: same effective batch",
+               fixed + scaling // 4, "micro=auto"),
+        Remedy("bf16 autocast", "Plan(precision='bf16'): activations in 16 bits",
+               fixed + scaling // 2, "bf16"),
+    ]
+    best = min(r.predicted_peak_bytes for r in remedies)
+    return Finding(ID, f"activations saved for backward take {format_bytes(acts)}", acts, evidence,
+                   remedies, STRUCTURAL, fits(f, best), {"by_module": dict(modules)})
+
+
+def _step_temporaries(f: Facts) -> int:
+    return sum(b.nbytes for b in f.focus_blocks
+               if b.category == "temporaries" and b.step == f.focus.step and b.phase in ("forward", "backward"))
+
+
+def _block_activations(f: Facts) -> dict[str, int]:
+    """Saved bytes per repeated block: modules grouped by their path up to the first index
+    ("blocks.3.attn" -> "blocks.3")."""
+    by: dict[str, int] = {}
+    for b in f.focus_blocks:
+        if b.category != "activations" or b.step != f.focus.step or not b.module:
+            continue
+        parts = b.module.split(".")
+        cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+        if cut is None:
+            continue
+        key = ".".join(parts[:cut + 1])
+        by[key] = by.get(key, 0) + b.nbytes
+    return by
+
+
+def _top_modules(f: Facts, limit: int = 4) -> list[tuple[str, int]]:
+    by: dict[str, int] = {}
+    for b in f.focus_blocks:
+        if b.category == "activations" and b.step == f.focus.step:
+            by[b.module or "(outside modules)"] = by.get(b.module or "(outside modules)", 0) + b.nbytes
+    return sorted(by.items(), key=lambda kv: -kv[1])[:limit]

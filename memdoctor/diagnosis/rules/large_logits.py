@@ -1,0 +1,55 @@
+"""large-logits: an output projection to a large vocabulary and its loss dominate.
+
+What it detects
+    Live tensors whose last dimension is the row count of a large projection weight (a
+    language-model head, a classifier over many labels): the logits, their softmax in
+    the loss, and their gradient.
+Why it runs out of memory
+    batch x sequence x vocabulary floats: 4 x 512 x 32000 in fp32 is 250 MiB for the
+    logits alone, and cross-entropy makes one more of the same size, and backward a third.
+Example
+    bad:  loss = F.cross_entropy(model(ids).reshape(-1, vocab), targets)
+    good: a chunked cross-entropy that projects and reduces a few thousand tokens at a
+          time, so full-vocabulary tensors exist for one chunk only
+Fix
+    Compute the head and the loss in chunks (or with a fused linear-cross-entropy kernel),
+    or use micro-batches so fewer tokens are in flight.
+"""
+from __future__ import annotations
+
+from memdoctor.units import format_bytes
+from memdoctor.diagnosis.base import SPECIFIC_PART, Finding, Remedy, fits
+from memdoctor.diagnosis.facts import Facts
+
+ID = "large-logits"
+SHARE = 0.3
+CHUNKS = 8
+
+
+def check(f: Facts) -> Finding | None:
+    if not f.under_pressure or f.source != "run" or not f.logits or not f.vocab:
+        return None
+    logit_bytes = sum(b.nbytes for b in f.logits)
+    request = f.requested_bytes or 0
+    per_row = f.vocab * 2   # a vocabulary row in 16 bits divides any float logits tensor
+    if f.oom and request and request % per_row == 0:
+        logit_bytes += request
+    live = f.focus_bytes
+    if logit_bytes < SHARE * live:
+        return None
+    biggest = max(f.logits, key=lambda b: b.nbytes)
+    evidence = [f"{len(f.logits)} tensors over the {f.vocab}-entry vocabulary hold {format_bytes(logit_bytes)}, "
+                f"{100 * logit_bytes / live:.0f}% of {format_bytes(live)}"
+                + (" (the failed request among them)" if f.oom and request % per_row == 0 else ""),
+                f"largest: {biggest.name} {'x'.join(map(str, biggest.shape))} {biggest.dtype} "
+                f"{format_bytes(biggest.nbytes)} in {biggest.phase}"]
+    predicted = live - logit_bytes + logit_bytes // CHUNKS
+    remedies = [
+        Remedy("chunked cross-entropy", f"compute the head and the loss over {CHUNKS} chunks of tokens "
+               "(memdoctor.remedies.chunked_cross_entropy)", predicted, None),
+        Remedy("smaller micro-batches", "Plan(micro_batch=...) keeps the effective batch",
+               live - logit_bytes + logit_bytes // 4, "micro=auto"),
+    ]
+    return Finding(ID, f"logits over a {f.vocab}-entry vocabulary take {format_bytes(logit_bytes)}",
+                   logit_bytes, evidence, remedies, SPECIFIC_PART, fits(f, predicted),
+                   {"vocab": f.vocab})

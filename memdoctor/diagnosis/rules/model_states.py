@@ -1,0 +1,65 @@
+"""model-states: weights + gradients + optimizer states alone crowd the budget.
+
+What it detects
+    The memory that lives for the whole run (parameters, their gradients and the
+    optimizer's state) takes most of the memory available, before a single activation.
+Why it runs out of memory
+    Adam keeps two fp32 tensors per parameter: with fp32 weights and gradients that is 16
+    bytes a parameter. A 1.5B-parameter model needs about 23 GiB before its first batch.
+Example
+    bad:  torch.optim.AdamW(model.parameters())            # 16 bytes a parameter
+    good: Plan(optimizer="adamw-8bit")                      # ~10 bytes a parameter
+          Plan(optimizer="in-backward")                     # gradients freed as applied
+          torchrun --nproc-per-node 2 ... Plan(zero=2)      # states sharded over ranks
+Fix
+    Store optimizer state in 8 or 16 bits, apply the optimizer step inside backward,
+    shard gradients and states over data-parallel ranks (ZeRO-2), or parameters too (ZeRO-3).
+"""
+from __future__ import annotations
+
+from memdoctor.units import format_bytes
+from memdoctor.diagnosis.base import STRUCTURAL, Finding, Remedy, fits
+from memdoctor.diagnosis.facts import Facts
+
+ID = "model-states"
+SHARE = 0.5
+
+
+def check(f: Facts) -> Finding | None:
+    if not f.under_pressure or f.source != "run" or not f.limit_bytes:
+        return None
+    states = f.model_state_bytes
+    if states < SHARE * f.limit_bytes:
+        return None
+    weights, params = f.cat("weights"), f.param_bytes
+    grads = max(f.cat("gradients"), params)
+    state = max(f.cat("optimizer_state"), f.state_bytes_full)
+    other = max(f.focus_bytes - f.cat("weights") - f.cat("gradients") - f.cat("optimizer_state")
+                - (f.requested_bytes or 0 if f.oom_phase == "optimizer" else 0), 0)
+    opt = (f.optimizer or {}).get("class", "the optimizer")
+    evidence = [
+        f"weights {format_bytes(weights)} + gradients {format_bytes(grads)} + {opt} state "
+        f"{format_bytes(state)} = {format_bytes(states)}, {100 * states / f.limit_bytes:.0f}% of the "
+        f"{format_bytes(f.limit_bytes)} limit",
+    ]
+    if f.oom:
+        evidence.append(f"ran out in {f.oom_phase} of step {f.oom_step} asking for {format_bytes(f.requested_bytes)}")
+    base = other + weights
+    remedies = []
+    if state:
+        low = params // 4 if params else state // 4      # 8-bit: 2 bytes per fp32 param of state
+        remedies.append(Remedy("8-bit optimizer state", "Plan(optimizer='adamw-8bit'): blockwise 8-bit moments",
+                               base + grads + low, "opt=adamw-8bit"))
+        remedies.append(Remedy("bf16 optimizer state", "Plan(optimizer='adamw-bf16'): moments in bf16 with stochastic rounding",
+                               base + grads + state // 2, "opt=adamw-bf16"))
+    largest = (f.optimizer or {}).get("largest_param_bytes", 0)
+    remedies.append(Remedy("optimizer step in backward", "Plan(optimizer='in-backward'): each gradient applied and freed as soon as it is ready",
+                           base + state + largest, "opt=in-backward"))
+    remedies.append(Remedy("ZeRO-2 over 2 ranks", "torchrun --nproc-per-node 2 with Plan(zero=2): gradients and states sharded",
+                           base + (grads + state) // 2, "zero=2"))
+    remedies.append(Remedy("ZeRO-3 over 2 ranks", "Plan(zero=3): parameters sharded as well, gathered per layer",
+                           other + (weights + grads + state) // 2, "zero=3"))
+    best = min(r.predicted_peak_bytes for r in remedies)
+    return Finding(ID, f"model states take {format_bytes(states)} of the {format_bytes(f.limit_bytes)} limit",
+                   states, evidence, remedies, STRUCTURAL, fits(f, best),
+                   {"weights": weights, "gradients": grads, "optimizer_state": state})

@@ -1,0 +1,49 @@
+"""optimizer-step-temporaries: multi-tensor optimizer intermediates spike the step.
+
+What it detects
+    The peak (or the OOM) is inside `optimizer.step()`, and much of it is scratch tensors
+    the step made and will free: the foreach implementation computes each intermediate
+    for all parameters at once.
+Why it runs out of memory
+    `torch.optim.Adam(foreach=True)` (the default on CUDA) makes whole-model copies for its
+    intermediates, so for a moment the step needs a multiple of the parameter bytes on top
+    of weights, gradients and state.
+Example
+    bad:  torch.optim.Adam(model.parameters(), foreach=True)
+    good: torch.optim.Adam(model.parameters(), fused=True)      # one kernel, no copies
+          torch.optim.Adam(model.parameters(), foreach=False)   # one tensor at a time
+Fix
+    Use the fused implementation (or memdoctor's fused optimizer), or foreach=False.
+"""
+from __future__ import annotations
+
+from memdoctor.units import format_bytes
+from memdoctor.diagnosis.base import Finding, Remedy, free_fix_tier, fits
+from memdoctor.diagnosis.facts import Facts
+
+ID = "optimizer-step-temporaries"
+
+
+def check(f: Facts) -> Finding | None:
+    if not f.under_pressure or f.source != "run" or not f.optimizer:
+        return None
+    temps = f.optimizer_temporaries
+    live = f.focus_bytes
+    largest = f.optimizer.get("largest_param_bytes", 0)
+    # a one-tensor-at-a-time step needs a few of the largest parameter's size at most
+    if temps <= 4 * largest or temps < 0.08 * live:
+        return None
+    opt = f.optimizer
+    impl = "fused" if opt.get("fused") else "foreach" if opt.get("foreach") else "default (foreach on CUDA)" \
+        if opt.get("foreach") is None else "for-loop"
+    evidence = [f"{format_bytes(temps)} of scratch tensors live in {opt['class']}.step() ({impl}), "
+                f"{temps / max(opt['param_bytes'], 1):.2f}x the {format_bytes(opt['param_bytes'])} of parameters"]
+    if f.oom and f.oom_phase == "optimizer":
+        evidence.append(f"ran out in the optimizer step of step {f.oom_step} asking for {format_bytes(f.requested_bytes)}")
+    predicted = live - temps + 2 * largest
+    remedies = [
+        Remedy("fused optimizer", f"{opt['class']}(..., fused=True), or Plan(optimizer='fused')", predicted, "opt=fused"),
+        Remedy("for-loop optimizer", f"{opt['class']}(..., foreach=False): slower, no whole-model copies", predicted),
+    ]
+    return Finding(ID, f"the optimizer step's scratch tensors take {format_bytes(temps)}", temps, evidence,
+                   remedies, free_fix_tier(f, predicted), fits(f, predicted))
