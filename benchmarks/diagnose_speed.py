@@ -1,7 +1,8 @@
 """How long diagnosing a 1,000,000-event run takes, and how fast `memdoctor --help` starts.
 
-Run: python benchmarks/diagnose_speed.py    (writes benchmarks/results/diagnose_speed.json)
+    python benchmarks/diagnose_speed.py    # -> results/diagnose_speed_<hardware>_<date>.json
 """
+import argparse
 import json
 import os
 import random
@@ -9,6 +10,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import resultfile  # noqa: E402
 
 from memdoctor.run import Action, Block, Mark, Run
 
@@ -44,6 +48,7 @@ def synthetic_run(events: int = 1_000_000, seed: int = 0) -> Run:
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     t0 = time.perf_counter()
     run = synthetic_run()
     build = time.perf_counter() - t0
@@ -56,6 +61,8 @@ def main():
         proc = subprocess.run([sys.executable, "-m", "memdoctor", "diagnose", "--run", path, "--json"],
                               capture_output=True, text=True)
         diagnose = time.perf_counter() - t0
+        if proc.returncode not in (0, 3):
+            raise SystemExit(f"memdoctor diagnose failed: {proc.stderr.strip()[-500:]}")
         findings = [f["rule"] for f in json.loads(proc.stdout)["findings"]]
     helps = []
     for _ in range(5):
@@ -64,12 +71,9 @@ def main():
         helps.append(time.perf_counter() - t0)
     result = {"events": run.num_events, "blocks": len(run.blocks), "build_s": round(build, 2),
               "save_s": round(save, 2), "diagnose_cli_s": round(diagnose, 2), "findings": findings,
-              "help_s_median": round(sorted(helps)[2], 3),
-              "command": "python benchmarks/diagnose_speed.py"}
+              "help_s_median": round(sorted(helps)[2], 3)}
     print(json.dumps(result, indent=1))
-    os.makedirs("benchmarks/results", exist_ok=True)
-    with open("benchmarks/results/diagnose_speed.json", "w") as fh:
-        json.dump(result, fh, indent=1)
+    print("wrote", resultfile.save("diagnose_speed", resultfile.hardware("cpu"), result))
 
 
 if __name__ == "__main__":

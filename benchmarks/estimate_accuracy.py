@@ -6,18 +6,19 @@ For each configuration (model x precision mode x batch size) it
   (b) measures on the GPU, each configuration in a fresh process as a training script runs
       (--same-process: all in this one): caches emptied (cuBLAS workspaces too), peak stats
       reset, the model built on cuda, two training steps (forward, backward, AdamW step,
-      zero_grad(set_to_none=True)) through the same memdoctor.predict.estimate.train_step the
+      zero_grad(set_to_none=True)) through the same memdoctor.predict.fake_step.train_step the
       estimate runs; torch.cuda.max_memory_allocated() / max_memory_reserved();
   (c) computes the anchors: torch's MemTracker under FakeTensorMode (where it finishes in
       time), DeepSpeed's ZeRO-2 model-states formula, accelerate's "model size x 4 for Adam"
       and memdoctor's own tensor-level peak without the allocator model;
-and prints a table and writes estimate_accuracy.json and estimate_accuracy.md to $OUT
-(default ./out): per configuration predicted / measured / error %, and per predictor the
+and prints a table and writes results/estimate_accuracy_<hardware>_<date>.json and a .md
+table beside it: per configuration predicted / measured / error %, and per predictor the
 median absolute error, the worst case and the number of under-estimates.
 
-    python benchmarks/estimate_accuracy.py            # all (~5-7 minutes on an H200)
+    python benchmarks/estimate_accuracy.py --gpus 2   # all 54 (~5-7 minutes on two H200s)
     python benchmarks/estimate_accuracy.py --quick    # a smoke test (~1 minute)
-    python benchmarks/estimate_accuracy.py --dry-run  # predictions only, no GPU needed
+    python benchmarks/estimate_accuracy.py --dry-run --measured benchmarks/results/estimate_accuracy_h200_2026-11-30.json
+        # no GPU: this machine's predictions against a GPU's committed measurements
 
 Needs torch (2.11 or later) with CUDA, numpy optional, nothing else: memdoctor is imported
 from this checkout. A configuration that fails records its error and the run goes on.
@@ -38,8 +39,11 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "benchmarks"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import resultfile  # noqa: E402
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -82,7 +86,8 @@ def _worker_init() -> None:
 
 def predict(job: dict) -> dict:
     """memdoctor's estimate (and the formula anchors) for one configuration."""
-    from memdoctor.predict.estimate import accelerate_adam_bytes, deepspeed_zero2_model_states_bytes, estimate
+    from memdoctor.predict.anchors import accelerate_adam_bytes, deepspeed_zero2_model_states_bytes
+    from memdoctor.predict.estimate import estimate
     from memdoctor.predict.models import get, make_optimizer
     t0 = time.perf_counter()
     try:
@@ -112,7 +117,7 @@ def predict(job: dict) -> dict:
 
 def memtracker(job: dict) -> dict:
     """torch's MemTracker peak under FakeTensorMode for the same configuration."""
-    from memdoctor.predict.estimate import memtracker_peak
+    from memdoctor.predict.anchors import memtracker_peak
     from memdoctor.predict.models import get
     from memdoctor.remedies.plan import Plan
     t0 = time.perf_counter()
@@ -140,7 +145,7 @@ def _reset_cuda() -> None:
 def measure(job: dict) -> dict:
     import torch
 
-    from memdoctor.predict.estimate import train_step
+    from memdoctor.predict.fake_step import train_step
     from memdoctor.predict.models import get
     from memdoctor.remedies import prepare
     t0 = time.perf_counter()
@@ -348,12 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--same-process", action="store_true",
                     help="measure every configuration in this one process (faster; a convolutional "
                          "network's reserved peak then depends on what ran before it)")
-    ap.add_argument("--out", default=os.environ.get("OUT") or "out", help="output folder (default $OUT or ./out)")
+    ap.add_argument("--measured", help="with --dry-run: take the measurements from this estimate_accuracy result")
+    ap.add_argument("--out", help="output folder (default benchmarks/results)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     deadline = t0 + args.time_budget
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.measured and not args.dry_run:
+        ap.error("--measured goes with --dry-run")
 
     import torch
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
@@ -429,6 +435,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             _merge_prediction(r, predict(r))
 
+    if args.measured:
+        env["measured_from"] = args.measured
+        take_measurements(rows, json.loads(Path(args.measured).read_text())["configs"])
+
     notes: list[str] = []
     if pool is not None:
         for r in rows:
@@ -467,11 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                 _merge_prediction(r, predict(r))
     for r in rows:
         notes.extend(n for n in r.pop("notes", []) if n not in notes)
-        r["error_allocated_pct"] = error_pct(r.get("peak_allocated_bytes"), r.get("measured_allocated_bytes"))
-        r["error_reserved_pct"] = error_pct(r.get("peak_reserved_bytes"), r.get("measured_reserved_bytes"))
-        # requested = bytes asked for, before the allocator's rounding: separates a wrong set
-        # of tensors from a wrong allocator model
-        r["error_requested_pct"] = error_pct(r.get("requested_peak_bytes"), r.get("measured_requested_bytes"))
+    add_errors(rows)
 
     result = {"env": env, "configs": rows, "summary": summarize(rows), "notes": notes,
               "elapsed_s": round(time.perf_counter() - t0, 1), "quick": args.quick, "dry_run": args.dry_run}
@@ -482,11 +488,28 @@ def main(argv: list[str] | None = None) -> int:
         if s.get("count"):
             print(f"{name:<24} n={s['count']:<3} median |err| {s['median_abs_error_pct']:>6}%   worst "
                   f"{s['worst_error_pct']:+.1f}% ({s['worst_config']})   under-estimates {s['under_estimates']}")
-    (out_dir / "estimate_accuracy.json").write_text(json.dumps(result, indent=2, default=str))
-    (out_dir / "estimate_accuracy.md").write_text(markdown(result))
-    print(f"\nwrote {out_dir / 'estimate_accuracy.json'} and {out_dir / 'estimate_accuracy.md'} "
-          f"in {result['elapsed_s']} s")
+    hw = resultfile.hardware("cuda") if measure_gpu else resultfile.hardware("cpu")
+    path = resultfile.save("estimate_accuracy", hw, result, args.out)
+    path.with_suffix(".md").write_text(markdown(result))
+    print(f"\nwrote {path} and its .md in {result['elapsed_s']} s")
     return 0
+
+
+def take_measurements(rows: list[dict], measured: list[dict]) -> None:
+    """Copy a GPU run's measurements onto this run's rows, configuration by configuration."""
+    by_id = {m["id"]: m for m in measured}
+    for r in rows:
+        m = by_id.get(r["id"], {})
+        r.update({k: v for k, v in m.items() if k.startswith("measured_") or k == "baseline_allocated_bytes"})
+
+
+def add_errors(rows: list[dict]) -> None:
+    for r in rows:
+        r["error_allocated_pct"] = error_pct(r.get("peak_allocated_bytes"), r.get("measured_allocated_bytes"))
+        r["error_reserved_pct"] = error_pct(r.get("peak_reserved_bytes"), r.get("measured_reserved_bytes"))
+        # requested = bytes asked for, before the allocator's rounding: separates a wrong set
+        # of tensors from a wrong allocator model
+        r["error_requested_pct"] = error_pct(r.get("requested_peak_bytes"), r.get("measured_requested_bytes"))
 
 
 def _merge_prediction(r: dict, got: dict) -> None:

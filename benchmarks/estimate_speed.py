@@ -2,14 +2,13 @@
 under 30 s), and GPT-2 124M for scale. Splits the time into the fake-tensor steps (build,
 two training steps under the dispatch tracer) and the allocator replay, whose cost grows as
 O(events log free-blocks). Prints the numbers and writes
-benchmarks/results/estimate_speed_cpu.json.
+results/estimate_speed_<hardware>_<date>.json.
 
     python benchmarks/estimate_speed.py [--repeat 3]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -18,24 +17,27 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "benchmarks"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
-RESULTS = ROOT / "benchmarks" / "results" / "estimate_speed_cpu.json"
+import resultfile  # noqa: E402
+
 CASES = [("gpt2-1.5b", 1, 1024), ("gpt2-124m", 8, 1024)]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", help="output folder (default benchmarks/results)")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
     import torch
 
     from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel
-    from memdoctor.predict.estimate import _counted_blocks, _replay, estimate_built
+    from memdoctor.predict.estimate import estimate_built
+    from memdoctor.predict.replay import counted_blocks, replay
     from memdoctor.predict.models import get
     import_s = time.perf_counter() - t0
 
@@ -47,9 +49,9 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             est = estimate_built(get(name).builder(batch=batch, seq=seq), device="cuda")
             totals.append(time.perf_counter() - t)
-            counted = _counted_blocks(est.run, est.run.blocks[0].device.split(":")[0], skip_cpu_scalars=True)
+            counted = counted_blocks(est.run, est.run.blocks[0].device.split(":")[0], skip_cpu_scalars=True)
             t = time.perf_counter()
-            _replay(est.run, counted, CachingAllocatorModel(None, AllocatorConfig()))
+            replay(est.run, counted, CachingAllocatorModel(None, AllocatorConfig()))
             replays.append(time.perf_counter() - t)
         row = {
             "model": name, "batch": batch, "seq": seq, "params": est.params,
@@ -78,9 +80,7 @@ def main(argv=None) -> int:
                     "processor": platform.processor() or platform.machine(),
                     "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print("wrote", resultfile.save("estimate_speed", resultfile.hardware("cpu"), result, args.out))
     return 0 if result["met"] else 1
 
 

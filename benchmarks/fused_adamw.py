@@ -15,7 +15,7 @@ that time:
     bf16 states  20 B              (p, g 8 + m, v 4 read; p 4 + m, v 4 written)
     int8 states  16 B + scales     (p, g 8 + m, v 2 read; p 4 + m, v 2 written; 16 B / 256)
 
-Prints a table and writes $OUT/fused_adamw.json (OUT defaults to ./out). A mode that fails
+Prints a table and writes results/fused_adamw_<hardware>_<date>.json. A mode that fails
 records its error and the run goes on. Targets: fp32 >= 80% of copy bandwidth and at
 least as fast as torch fused; 8-bit within 1.3x of torch fused's time.
 """
@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
 import platform
 import statistics
 import sys
@@ -35,6 +33,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import resultfile  # noqa: E402
 
 MODELS = {
     # name: (layers, d_model, vocab, positions)
@@ -106,12 +106,12 @@ def make_params(shapes, seed=0):
 
 
 def run_mode(mode: str, shapes, args, config=None) -> dict:
-    from memdoctor.cuda.kernels import adamw
+    from memdoctor.cuda.kernels import adamw, adamw_triton
 
     params = make_params(shapes)
     numel = sum(p.numel() for p in params)
     kind = "fp32"
-    saved = dict(adamw.CONFIGS)
+    saved = dict(adamw_triton.CONFIGS)
     try:
         if mode == "torch-fused":
             opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True)
@@ -120,7 +120,7 @@ def run_mode(mode: str, shapes, args, config=None) -> dict:
         else:
             kind = mode.split("-")[1]
             if config is not None:
-                adamw.CONFIGS[kind] = config
+                adamw_triton.CONFIGS[kind] = config
             opt = adamw.FusedAdamW(params, lr=1e-4, weight_decay=0.1, state_dtype=kind, backend="triton")
         times = time_steps(opt, args.warmup, args.repeats)
         median = statistics.median(times)
@@ -130,11 +130,11 @@ def run_mode(mode: str, shapes, args, config=None) -> dict:
             "median_s": median, "min_s": min(times), "max_s": max(times),
             "bytes_per_step": nbytes, "bandwidth_Bps": nbytes / median,
             "state_bytes": adamw.state_bytes(opt),
-            "config": list(adamw.CONFIGS[kind]) if mode.startswith("triton") else None,
+            "config": list(adamw_triton.CONFIGS[kind]) if mode.startswith("triton") else None,
         }
         del opt
     finally:
-        adamw.CONFIGS.update(saved)
+        adamw_triton.CONFIGS.update(saved)
         del params
         gc.collect()
         torch.cuda.empty_cache()
@@ -156,9 +156,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-sweep", action="store_true", help="only the default launch configurations")
+    parser.add_argument("--out", help="output folder (default benchmarks/results)")
     args = parser.parse_args()
-    out_dir = Path(os.environ.get("OUT", "out"))
-    out_dir.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -228,9 +227,7 @@ def main() -> int:
     print()
     for text, ok in checks.items():
         print(f"{'PASS' if ok else 'MISS'}  {text}")
-    path = out_dir / "fused_adamw.json"
-    path.write_text(json.dumps(report, indent=1))
-    print(f"\nwrote {path}")
+    print("\nwrote", resultfile.save("fused_adamw", resultfile.hardware("cuda"), report, args.out))
     return 0
 
 

@@ -5,14 +5,13 @@ step lines, warnings, tracebacks, and an OOM of a different format every few MB)
 times `scan_file` on it. A second, smaller log in which every line mentions "out of
 memory" without being an OOM measures the worst case: every line passes the cheap
 needle filter and must be read closely. Prints the numbers and writes
-benchmarks/results/oomlog_scan.json.
+results/oomlog_scan_<hardware>_<date>.json.
 
     python benchmarks/oomlog_scan.py [--mb 100] [--dense-mb 10]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -23,7 +22,8 @@ from pathlib import Path
 
 from memdoctor.capture.oomlog import scan_file
 
-RESULTS = Path(__file__).resolve().parent / "results" / "oomlog_scan.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import resultfile  # noqa: E402
 
 OOMS = [
     "[rank{r}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {r} "
@@ -134,8 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     if len(found) != ooms or dense_found:
         print("error: wrong number of OOMs found", file=sys.stderr)
         raise SystemExit(1)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print("wrote", resultfile.save("oomlog_scan", resultfile.hardware("cpu"), result))
     return result
 
 

@@ -4,15 +4,16 @@ For each plan a fresh process builds the model on cuda (random init), caps the c
 allocator at --budget (`torch.cuda.set_per_process_memory_fraction`), applies the plan with
 `memdoctor.remedies.prepare`, trains --steps steps through `Prepared.step`, and reports
 `max_memory_allocated()`, `max_memory_reserved()` and the median step time of the second
-half of the steps (with --repeats N, the median of N such runs, made round-robin so every
-plan meets the same conditions; runs of one plan differed by up to 12% across passes) (the steady state: the first steps compile and autotune Triton kernels and
-grow the allocator's pool; on the H200 steps 3-4 took up to 3x the later ones, passes 5, 7
-and 17). Given the planner's output (`memdoctor plan --json`), the measured peaks are set next
-to its predictions (peaks and step time) and the planner's first choice is checked against
-every other plan measured: does it fit, and is it at least as fast as every other plan that
-fits (--plans adds plans beyond the planner's first --top)? Given ckpt=full and
-ckpt=selective with none, it reports the share of full checkpointing's memory saving that
-selective keeps, and the share of its extra step time that selective costs.
+half of the steps: the steady state, since the first steps compile and autotune Triton
+kernels and grow the allocator's pool. With --repeats N the step time is the median of N
+such runs, made round-robin so that every plan meets the same conditions (runs of one plan
+differ by up to 12% from one machine or GPU to the next). Given the planner's output
+(`memdoctor plan --json`), the measured peaks are set next to its predictions (peaks and step
+time) and the planner's first choice is checked against every other plan measured: does it
+fit, and is it at least as fast as every other plan that fits (--plans adds plans beyond
+the planner's first --top)? Given ckpt=full and ckpt=selective with none, it reports the
+share of full checkpointing's memory saving that selective keeps, and the share of its
+extra step time that selective costs.
 
 Models: the names of memdoctor.predict.models (the planner's own definitions), and
 transformers' GPT-2 (random init, default config: dropout 0.1, sdpa attention):
@@ -20,19 +21,19 @@ hf-gpt2-124m, hf-gpt2-355m, hf-gpt2-1.5b (GPT2LMHeadModel) and hf-gpt2-1.5b-doub
 (GPT2DoubleHeadsModel, two choices a sample, LM loss + multiple-choice loss).
 
     # the planner's candidates for GPT-2 1.5B, measured under the budget they were planned for
+    # (benchmarks/plans/*.json: `memdoctor plan --model gpt2-1.5b --batch 8 --budget 32GiB --json`)
     python benchmarks/plan_apply.py --model gpt2-1.5b --batch 8 --budget 32GiB \\
-        --plans-from benchmarks/results/plans/gpt2-1.5b_b8_32GiB.json --top 4
+        --plans-from benchmarks/plans/gpt2-1.5b_b8_32GiB.json --top 4 --repeats 4
     # the cost of checkpointing
-    python benchmarks/plan_apply.py --model hf-gpt2-124m --batch 8 \\
-        --plans none ckpt=full ckpt=selective bf16 micro=2 --tag ckpt_cost_124m
+    python benchmarks/plan_apply.py --model hf-gpt2-124m --batch 8 --plans none ckpt=full ckpt=selective
 
-Writes $OUT/plan_apply_<tag>.json and .md (default ./out).
+Each run is appended to results/plan_apply_<hardware>_<date>.json ({"runs": [...]}), with
+its tag (default: model, batch and budget).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -41,8 +42,11 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "benchmarks"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import resultfile  # noqa: E402
 
 GiB = 1024 ** 3
 HF_GPT2 = {"124m": (12, 768, 12), "355m": (24, 1024, 16), "1.5b": (48, 1600, 25)}
@@ -202,7 +206,7 @@ def _secs(x) -> str:
 def markdown(report: dict) -> str:
     a = report["args"]
     lines = [f"# {a['model']}, batch {a['batch']}, seq {a['seq']}, budget {a['budget'] or 'none'}", "",
-             f"{report['device']}, torch {report['torch']}; `{report['command']}`", "",
+             f"{report['device']}, torch {report['torch']}", "",
              "| plan | rank | fits | step s | predicted s | x none | peak alloc GiB | predicted | err % | "
              "peak reserved GiB | predicted | err % |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = next((r for r in report["rows"] if r["plan"] == "none" and r.get("ok")), None)
@@ -239,8 +243,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="measure the plans this many times, round-robin (step time: the median)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds for one plan")
-    ap.add_argument("--tag", help="output name (default: model, batch and budget)")
-    ap.add_argument("--out", default=os.environ.get("OUT") or "out")
+    ap.add_argument("--tag", help="the run's name (default: model, batch and budget)")
+    ap.add_argument("--out", help="output folder (default benchmarks/results)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     from memdoctor.units import parse_size
@@ -253,7 +257,9 @@ def main(argv=None) -> int:
     import torch
     # the planner's first --top fitting plans, then any --plans not among them (with the
     # planner's figures where its list has them)
-    fitting = [c for c in json.loads(Path(args.plans_from).read_text()) if c["fits"]] if args.plans_from else []
+    given = json.loads(Path(args.plans_from).read_text()) if args.plans_from else []
+    # `memdoctor plan --json` prints {"version", "plans"}; the files in results/plans/ hold the list alone
+    fitting = [c for c in (given["plans"] if isinstance(given, dict) else given) if c["fits"]]
     chosen = [c["plan"] for c in fitting[:args.top]]
     chosen += [p for p in args.plans or [] if p not in chosen]
     ranked = {c["plan"]: (rank, c) for rank, c in enumerate(fitting)}
@@ -284,19 +290,16 @@ def main(argv=None) -> int:
             row["error_reserved_pct"] = error_pct(row.get("predicted_peak_reserved"), row["peak_reserved_bytes"])
         print(json.dumps({k: v for k, v in row.items() if k not in ("step_seconds", "losses", "trace")}),
               flush=True)
+    cuda = torch.cuda.is_available()
     report = {
-        "args": vars(args), "command": "python benchmarks/plan_apply.py " + " ".join(sys.argv[1:]),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "tag": args.tag or f"{args.model}_b{args.batch}_{args.budget or 'nocap'}",
+        "args": vars(args), "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "rows": rows,
         "selective": selective_share(rows), "first_choice": first_choice_check(rows, budget),
     }
-    tag = args.tag or f"{args.model}_b{args.batch}_{args.budget or 'nocap'}"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"plan_apply_{tag}.json").write_text(json.dumps(report, indent=1))
-    md = markdown(report)
-    (out / f"plan_apply_{tag}.md").write_text(md)
-    print(md)
+    print(markdown(report))
+    hw = resultfile.hardware("cuda" if cuda else "cpu")
+    print("appended to", resultfile.add_run("plan_apply", hw, report, args.out))
     return 0
 
 

@@ -8,7 +8,7 @@ leak every step, an OOM at the end), writes its report with the findings compute
 Chromium is installed, loads it headless and reads the time the page reports when every
 chart is drawn (render_ms: from navigation start, so it includes parsing the 4.6 MiB of
 plotly.js), over several loads. Prints the numbers and writes
-benchmarks/results/report_size.json.
+results/report_size_<hardware>_<date>.json.
 
     python benchmarks/report_size.py [--events N] [--loads K] [--out FILE.html]
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from memdoctor.run import OOM, Action, Block, Mark, Run
 
-RESULTS = Path(__file__).resolve().parent / "results" / "report_size.json"
+HERE = Path(__file__).resolve().parent
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-extensions", "--disable-default-apps", "--mute-audio", "--disable-dev-shm-usage"]
@@ -172,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--out", help="keep the report here (default: a temporary file)")
     ap.add_argument("--loads", type=int, default=5, help="how many times Chromium loads the report")
-    ap.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/report_size.json")
+    ap.add_argument("--no-save", action="store_true", help="print the result only")
     ns = ap.parse_args(argv)
     from memdoctor.attribution import peak
+    from memdoctor.diagnosis import diagnose, facts_from_run
     from memdoctor.report.html import write_report
 
     t0 = time.perf_counter()
@@ -186,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="memdoctor-report-")
         out = os.path.join(tmp.name, "big.html")
     t0 = time.perf_counter()
-    write_report(out, run)
+    facts = facts_from_run(run)        # timed with the report, as `memdoctor report` runs them
+    write_report(out, run, diagnose(facts), facts)
     write_s = time.perf_counter() - t0
     size = os.path.getsize(out)
     result = {
@@ -212,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                       load_average_1min=round(os.getloadavg()[0], 2))
     else:
         result["chromium_render_ms_min"] = None
-    result.update(python=platform.python_version(), machine=platform.machine(), cpus=os.cpu_count(),
-                  when=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    result.update(machine=platform.machine(), cpus=os.cpu_count(), when=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     print(json.dumps(result, indent=2))
     if not ns.no_save:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+        sys.path.insert(0, str(HERE))
+        import resultfile
+        print("wrote", resultfile.save("report_size", resultfile.hardware("cpu"), result))
     if tmp is not None:
         tmp.cleanup()
     return 0

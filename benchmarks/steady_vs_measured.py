@@ -3,9 +3,9 @@ the two steps the estimate runs, and of a long run (the last step repeated until
 allocator's layout settles, `settle=True`), next to what the GPU measured, and whether each
 predicts the OOM a plan met. Under a budget the reserved peak compared is the one with the
 allocator capped there (`budget_peak_reserved_bytes`), as the GPU ran it. Needs no GPU: the
-measurements are the committed passes'.
+measurements are the committed results/plan_apply_<hardware>_<date>.json runs.
 
-    python benchmarks/steady_vs_measured.py [--jobs 2] [--out benchmarks/results/steady_vs_measured.md]
+    python benchmarks/steady_vs_measured.py [--jobs 2]     # -> results/steady_vs_measured_<hardware>_<date>.json
 """
 from __future__ import annotations
 
@@ -17,30 +17,33 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "benchmarks"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import resultfile  # noqa: E402
 
 GiB = 2 ** 30
 
 
-def measured_rows(results: Path) -> list[dict]:
+def measured_rows() -> list[dict]:
     """The newest measurement of each (model, batch, seq, budget, plan) that ran or met an OOM,
     for memdoctor's own model configurations."""
     from memdoctor.predict.models import MODELS
     newest: dict[tuple, dict] = {}
-    for path in sorted(results.glob("*/plan_apply_*.json"), key=lambda p: int(p.parent.name.rsplit("pass", 1)[1])):
-        data = json.loads(path.read_text())
-        args = data["args"]
-        if args["model"] not in MODELS:
-            continue
-        for row in data["rows"]:
-            if not (row.get("ok") or row.get("oom")):
+    for path in resultfile.results("plan_apply"):
+        for run in json.loads(path.read_text())["runs"]:
+            args = run["args"]
+            if args["model"] not in MODELS:
                 continue
-            key = (args["model"], args["batch"], args.get("seq") or 1024, args.get("budget"), row["plan"])
-            newest[key] = {"model": key[0], "batch": key[1], "seq": key[2], "budget": key[3], "plan": key[4],
-                           "pass": path.parent.name, "steps": len(row.get("step_seconds") or []),
-                           "ok": bool(row.get("ok")), "oom_step": row.get("oom_step"),
-                           "allocated": row.get("peak_allocated_bytes"), "reserved": row.get("peak_reserved_bytes")}
+            for row in run["rows"]:
+                if not (row.get("ok") or row.get("oom")):
+                    continue
+                key = (args["model"], args["batch"], args.get("seq") or 1024, args.get("budget"), row["plan"])
+                newest[key] = {"model": key[0], "batch": key[1], "seq": key[2], "budget": key[3], "plan": key[4],
+                               "measured_commit": run.get("commit"), "steps": len(row.get("step_seconds") or []),
+                               "ok": bool(row.get("ok")), "oom_step": row.get("oom_step"),
+                               "allocated": row.get("peak_allocated_bytes"), "reserved": row.get("peak_reserved_bytes")}
     return list(newest.values())
 
 
@@ -75,7 +78,7 @@ def _cell(p: dict, meas: dict) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = ["| configuration | pass | steps | measured reserved GiB | two steps: reserved GiB (err) | "
+    lines = ["| configuration | measured at | steps | measured reserved GiB | two steps: reserved GiB (err) | "
              "settled: reserved GiB (err) | allocated err, settled |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -83,7 +86,7 @@ def table(rows: list[dict]) -> list[str]:
                 f"OOM in step {r['oom_step'] + 1} (after {r['reserved'] / GiB:.2f})")
         cfg = f"{r['model']} b{r['batch']} seq {r['seq']} {r['budget'] or 'no cap'}: `{r['plan']}`"
         alloc = _err(r["settled"]["allocated"], r["allocated"]) if r["ok"] else "-"
-        lines.append(f"| {cfg} | {r['pass']} | {r['steps'] or r['oom_step']} | {meas} | "
+        lines.append(f"| {cfg} | {r['measured_commit']} | {r['steps'] or r['oom_step']} | {meas} | "
                      f"{_cell(r['two_steps'], r)} | {_cell(r['settled'], r)} | {alloc} |")
     return lines
 
@@ -106,23 +109,18 @@ def summary(rows: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/steady_vs_measured.md"))
+    ap.add_argument("--out", help="output folder (default benchmarks/results)")
     args = ap.parse_args(argv)
-    jobs = measured_rows(ROOT / "benchmarks/results/gpu")
+    jobs = measured_rows()
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs, max_tasks_per_child=1) as pool:
         rows = list(pool.map(predict, jobs))
-    import torch
-    text = "\n".join([
-        "# The estimate of two steps, and of a long run, against plans run for 4-12 steps on the H200", "",
-        f"Predicted here (torch {torch.__version__}, CUDA built: {torch.backends.cuda.is_built()}) in "
-        f"{time.perf_counter() - t0:.0f} s: `python benchmarks/steady_vs_measured.py`. Measured: "
-        "`benchmarks/results/gpu/<pass>/plan_apply_*.json`, each under its budget "
-        "(`set_per_process_memory_fraction`).", "",
-        *summary(rows), "", *table(rows), ""])
-    print(text)
-    Path(args.out).write_text(text)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    import torch  # noqa: F401  (its version goes into the result)
+    lines = summary(rows)
+    print("\n".join(["# The estimate of two steps, and of a long run, against plans run for 4-12 steps on the GPU",
+                     f"predicted in {time.perf_counter() - t0:.0f} s", "", *lines, "", *table(rows), ""]))
+    print("wrote", resultfile.save("steady_vs_measured", resultfile.hardware("cpu"),
+                                   {"summary": lines, "rows": rows}, args.out))
     return 0
 
 

@@ -1,11 +1,13 @@
 """Fit memdoctor.predict.step_time's machine constants to step times measured on the GPU.
 
-Reads the step times `plan_apply.py` measured (its JSON files, named below), counts each
-plan's work with an estimate on this machine (cached in --cache: GPT-2 1.5B estimates take
-10-40 s each on two cores), fits the five constants by a grid search on the log error, and
-prints and saves the table of predicted against measured seconds with the fitted constants.
+Reads the step times `plan_apply.py` measured (the runs of results/plan_apply_h200_*.json
+named below), counts each plan's work with an estimate on this machine (kept in the result
+as "work" and read back from the newest result: GPT-2 1.5B estimates take 10-40 s each on two
+cores), fits the five constants by a grid search on the log error, and prints and saves the
+predicted against measured seconds with the fitted constants to
+results/step_time_fit_<hardware>_<date>.json.
 
-    python benchmarks/step_time_fit.py [--out benchmarks/results] [--cache .../work_counts.json]
+    python benchmarks/step_time_fit.py
 """
 from __future__ import annotations
 
@@ -15,35 +17,46 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "benchmarks"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
-GPU = ROOT / "benchmarks" / "results" / "gpu"
-# steady-state step times (the second half of 12 steps), two lanes side by side and nothing else
-# (pass 23: each plan three times round-robin, on each GPU)
-MEASURED = [GPU / "h200x2_pass21" / "plan_apply_gpt2-1.5b_b8_bf16_nocap.json",
-            GPU / "h200x2_pass21" / "plan_apply_gpt2-1.5b_b8_32GiB_costs.json",
-            GPU / "h200x2_pass18" / "plan_apply_gpt2-1.5b_b2_16GiB.json",
-            GPU / "h200x2_pass23" / "plan_apply_gpt2-1.5b_b8_32GiB_gpu0.json",
-            GPU / "h200x2_pass23" / "plan_apply_gpt2-1.5b_b8_32GiB_gpu1.json"]
+import resultfile  # noqa: E402
+
+# steady-state step times (the second half of 12 steps) of GPT-2 1.5B plans on an H200, two
+# GPUs side by side and nothing else: (commit, tag) of plan_apply runs; the last two ran each
+# plan three times round-robin, one on each GPU
+MEASURED = [("33720a2", "gpt2-1.5b_b8_bf16_nocap"), ("33720a2", "gpt2-1.5b_b8_32GiB_costs"),
+            ("46367a8", "gpt2-1.5b_b2_16GiB"), ("b8500f3", "gpt2-1.5b_b8_32GiB_gpu0"),
+            ("b8500f3", "gpt2-1.5b_b8_32GiB_gpu1")]
 
 
 def measured_rows() -> list[dict]:
+    runs = {(run.get("commit"), run.get("tag")): run
+            for path in resultfile.results("plan_apply", "h200") for run in json.loads(path.read_text())["runs"]}
     rows = []
-    for path in MEASURED:
-        data = json.loads(path.read_text())
-        a = data["args"]
-        for r in data["rows"]:
+    for commit, tag in MEASURED:
+        run = runs[commit, tag]
+        a = run["args"]
+        for r in run["rows"]:
             if r.get("median_step_seconds"):
                 rows.append({"model": a["model"], "batch": a["batch"], "seq": a["seq"], "plan": r["plan"],
-                             "measured_s": r["median_step_seconds"], "source": f"{path.parent.name}/{path.name}"})
+                             "measured_s": r["median_step_seconds"], "source": f"{commit} {tag}"})
     return rows
+
+
+def cached_work() -> dict:
+    """The work counts of the newest result: plan key -> the estimate's `work`."""
+    try:
+        return json.loads(resultfile.latest("step_time_fit").read_text())["work"]
+    except FileNotFoundError:
+        return {}
 
 
 def work_of(row: dict, cache: dict) -> dict:
     key = f"{row['model']}/b{row['batch']}/s{row['seq']}/{row['plan']}"
     if key not in cache:
-        from memdoctor.predict.estimate import estimate_config
+        from memdoctor.predict.config import estimate_config
         est = estimate_config(row["model"], batch=row["batch"], seq=row["seq"], plan=row["plan"])
         cache[key] = est.work
         print(f"  counted {key} in {est.elapsed_s:.1f} s", flush=True)
@@ -93,36 +106,33 @@ def fit(rows: list[dict]):
     return best[1]
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    ap.add_argument("--cache", default=str(ROOT / "benchmarks" / "results" / "step_time_work.json"))
-    args = ap.parse_args()
+    ap.add_argument("--out", help="output folder (default benchmarks/results)")
+    args = ap.parse_args(argv)
     from memdoctor.predict.step_time import H200
-    cache_path = Path(args.cache)
-    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    cache = cached_work()
     rows = measured_rows()
     for r in rows:
         r["work"] = work_of(r, cache)
-    cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True))
     m = fit(rows)
-    lines = ["# Step time: memdoctor.predict.step_time's model against step times measured on the H200", "",
-             "`python benchmarks/step_time_fit.py`: work counted by estimates on the CPU; step times from "
-             + ", ".join(f"`{p.parent.name}/{p.name}`" for p in MEASURED) + ".", "",
-             f"Fitted: op_seconds={m.op_seconds:.3g}, launch_seconds={m.launch_seconds:.3g}, mode_op_seconds={m.mode_op_seconds:.3g}, flops16={m.flops16:.3g}, flops32={m.flops32:.3g}, "
-             f"bytes_per_s={m.bytes_per_s:.3g}, overlap_p={m.overlap_p:g}. In memdoctor.predict.step_time.H200: "
-             f"op_seconds={H200.op_seconds:.3g}, launch_seconds={H200.launch_seconds:.3g}, mode_op_seconds={H200.mode_op_seconds:.3g}, flops16={H200.flops16:.3g}, flops32={H200.flops32:.3g}, "
-             f"bytes_per_s={H200.bytes_per_s:.3g}, overlap_p={H200.overlap_p:g}.", "",
-             "| model | batch | plan | ops | measured s | fitted s | err % | H200 constants s | err % |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    names = ("op_seconds", "launch_seconds", "mode_op_seconds", "flops16", "flops32", "bytes_per_s", "overlap_p")
+    fitted, shipped = ({k: getattr(c, k) for k in names} for c in (m, H200))
+    print("fitted:", ", ".join(f"{k}={v:.3g}" for k, v in fitted.items()))
+    print("memdoctor.predict.step_time.H200:", ", ".join(f"{k}={v:.3g}" for k, v in shipped.items()))
+    print(f"{'batch':>5}  {'plan':<44}{'measured s':>11}{'fitted s':>9}{'err':>6}{'H200 s':>8}{'err':>6}")
+    table = []
     for r in rows:
-        fitted, shipped = predict(r["work"], m, r["plan"]), predict(r["work"], H200, r["plan"])
-        lines.append(f"| {r['model']} | {r['batch']} | {r['plan']} | {r['work']['compute']['ops']} | "
-                     f"{r['measured_s']:.3f} | {fitted:.3f} | {100 * (fitted / r['measured_s'] - 1):+.0f} | "
-                     f"{shipped:.3f} | {100 * (shipped / r['measured_s'] - 1):+.0f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    (Path(args.out) / "step_time_fit.md").write_text(text)
+        f, h = predict(r["work"], m, r["plan"]), predict(r["work"], H200, r["plan"])
+        table.append({"model": r["model"], "batch": r["batch"], "plan": r["plan"], "source": r["source"],
+                      "ops": r["work"]["compute"]["ops"], "measured_s": r["measured_s"], "fitted_s": f,
+                      "h200_s": h, "h200_error_pct": round(100 * (h / r["measured_s"] - 1), 1)})
+        print(f"{r['batch']:>5}  {r['plan']:<44}{r['measured_s']:>11.3f}{f:>9.3f}"
+              f"{100 * (f / r['measured_s'] - 1):>+6.0f}{h:>8.3f}{100 * (h / r['measured_s'] - 1):>+6.0f}")
+    errors = sorted(abs(t["h200_error_pct"]) for t in table)
+    data = {"fitted": fitted, "h200": shipped, "median_abs_error_pct": errors[len(errors) // 2],
+            "worst_abs_error_pct": errors[-1], "rows": table, "work": dict(sorted(cache.items()))}
+    print("wrote", resultfile.save("step_time_fit", resultfile.hardware("cpu"), data, args.out))
     return 0
 
 

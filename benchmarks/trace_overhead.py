@@ -8,13 +8,12 @@ alike. Each step is timed twice: wall clock and this process's CPU time. On a bu
 CPU time is the steadier of the two; by default torch uses one thread so that CPU time is
 not inflated by threads spinning while they wait for a core.
 
-    python benchmarks/trace_overhead.py [--steps 15] [--threads 1] [-o results/trace_overhead_cpu.json]
+    python benchmarks/trace_overhead.py --steps 30 --per-block 5   # -> results/trace_overhead_<hardware>_<date>.json
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,8 @@ import torch
 from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import resultfile  # noqa: E402
 
 
 def build(d_model: int, layers: int):
@@ -137,19 +138,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--modes", nargs="+", default=["untraced", "dispatch", "memtracker"])
-    p.add_argument("-o", "--output", help="write the result as JSON here")
+    p.add_argument("--out", help="output folder (default benchmarks/results)")
     args = p.parse_args(argv)
     result = measure(args)
-    result["command"] = "python " + " ".join([os.path.relpath(__file__, os.path.dirname(HERE)),
-                                              *(sys.argv[1:] if argv is None else argv)])
     result["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                          "python": platform.python_version(), "torch": torch.__version__}
     result["target"] = "dispatch at most 1.5x untraced"
     print_table(result)
-    if args.output:
-        with open(args.output, "w") as fh:
-            json.dump(result, fh, indent=2)
-            fh.write("\n")
+    print("wrote", resultfile.save("trace_overhead", resultfile.hardware("cpu"), result, args.out))
     return 0
 
 

@@ -1,12 +1,13 @@
 """Step time of GPT-2 124M (bs 8, seq 1024, fp32, AdamW) untraced vs traced, on a GPU.
 
-Run: OUT=benchmarks/results python benchmarks/trace_overhead_gpu.py [--steps 20]
-Prints a table and writes trace_overhead_gpu.json under $OUT.
+    python benchmarks/trace_overhead_gpu.py [--steps 20] [--out DIR]
+
+Prints a table and writes results/trace_overhead_gpu_<hardware>_<date>.json.
 """
 import argparse
-import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -15,6 +16,9 @@ import transformers
 from memdoctor.attribution import at_peak
 from memdoctor.diagnosis import diagnose, facts_from_run
 from memdoctor.capture.session import Tracer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import resultfile  # noqa: E402
 
 
 def step_times(model, optimizer, ids, steps):
@@ -34,6 +38,7 @@ def step_times(model, optimizer, ids, steps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", help="output folder (default benchmarks/results)")
     args = ap.parse_args()
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
@@ -65,16 +70,12 @@ def main():
             statistics.median(rounds[name]) * (args.steps // 2) + statistics.median(times)) / (base * (args.steps // 2))
     results["torch"] = torch.__version__
     results["device"] = torch.cuda.get_device_name()
-    results["command"] = "OUT=benchmarks/results python benchmarks/trace_overhead_gpu.py --steps %d" % args.steps
     for name in rounds:
         print(f"{name:10s} median {results[name]['median_step_s'] * 1000:8.2f} ms  ratio {results[name]['ratio']:.4f}")
     for name in post:
         print(f"{name:10s} attribution+diagnosis after the run {results[name]['attribution_after_run_s']:.2f} s, "
               f"overall ratio {results[name]['ratio_with_attribution']:.4f}")
-    out = os.environ.get("OUT", ".")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "trace_overhead_gpu.json"), "w") as fh:
-        json.dump(results, fh, indent=1)
+    print("wrote", resultfile.save("trace_overhead_gpu", resultfile.hardware("cuda"), results, args.out))
 
 
 if __name__ == "__main__":

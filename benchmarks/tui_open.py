@@ -15,7 +15,7 @@ measures:
 - scrub latency: left-arrow presses on the timeline once loaded, key to cursor moved;
 - index_scrub_us: the index's breakdown + top tensors for one instant, without the UI.
 
-Prints the numbers and writes benchmarks/results/tui_open.json.
+Prints the numbers and writes results/tui_open_<hardware>_<date>.json.
 
     python benchmarks/tui_open.py [--events N] [--repeat R]
 """
@@ -36,7 +36,9 @@ from pathlib import Path
 from memdoctor.attribution import peak
 from memdoctor.run import OOM, Block, Mark, Run
 
-RESULTS = Path(__file__).resolve().parent / "results" / "tui_open.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import resultfile  # noqa: E402
+
 MiB = 1 << 20
 
 
@@ -233,10 +235,9 @@ def main() -> int:
         result["textual"] = textual.__version__
     except (ImportError, AttributeError):
         pass
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     json.dump(result, sys.stdout, indent=2)
     print()
+    print("wrote", resultfile.save("tui_open", resultfile.hardware("cpu"), result))
     return 0
 
 

@@ -37,7 +37,7 @@ without ZeRO. bf16 autocast keeps fp32 weights and gradients and no second copy:
 4Ψ + 12Ψ/N_d for ZeRO-2 (16Ψ at N_d = 1, 10Ψ at 2 against the paper's 9Ψ), 16Ψ/N_d for
 ZeRO-3, and DDP 16Ψ plus its gradient buckets (4Ψ, gradient_as_bucket_view=False).
 
-Writes zero_memory.json and zero_memory.md to $OUT (default ./out) and prints the table.
+Writes results/zero_memory_<hardware>_<date>.json ("h200x2" for two H200s) and prints the table.
 Runs with torch 2.11 and 2.13.
 """
 from __future__ import annotations
@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import os
 import platform
 import sys
@@ -353,7 +352,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--out", default=os.environ.get("OUT") or "out")
+    ap.add_argument("--out", help="output folder (default benchmarks/results)")
     ap.add_argument("--no-reexec", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.model = args.model or ("gpt2-355m" if args.device == "cuda" else "mlp")
@@ -404,12 +403,11 @@ def main() -> None:
             "torch": torch.__version__, "bucket_bytes": DEFAULT_BUCKET_BYTES, "max_in_flight": MAX_IN_FLIGHT,
             "results": results,
         }
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "zero_memory.json").write_text(json.dumps(report, indent=1))
-        table = markdown(report)
-        (out / "zero_memory.md").write_text(table)
-        print(table)
+        print(markdown(report))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import resultfile
+        hw = resultfile.hardware(device.type, world)
+        print("wrote", resultfile.save("zero_memory", hw, report, args.out))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -4,7 +4,8 @@ The public API is imported lazily so that `memdoctor --help` never imports torch
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from memdoctor.version import __version__  # noqa: F401  (re-exported)
+
 __all__ = ["watch", "Tracer", "Run", "diagnose", "Plan", "prepare", "estimate"]
 
 

@@ -2,20 +2,25 @@
 gzip-compressed JSON file (never a pickle) and loads back losslessly.
 
 Events are kept columnar (three parallel int lists) because a long run has millions of
-them; blocks (one per storage) carry who owns the memory; marks say when the phase, the
-step or the module changed.
+them; blocks (one per storage) carry who owns the memory and the user's line that made it
+(an index into the run's table of source lines); marks say when the phase, the step or
+the module changed.
 """
 from __future__ import annotations
 
 import gzip
 import itertools
 import json
+import linecache
 import os
-import tempfile
+import secrets
 import zlib
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any, Iterator
+
+from memdoctor.limits import Allowance, gunzip, read_all
+from memdoctor.runcheck import check_run
 
 FORMAT = "memdoctor.run"
 VERSION = 1
@@ -73,6 +78,7 @@ class Block:
     alloc_seq: int = 0
     free_seq: int | None = None
     address: int | None = None
+    source: int = -1            # index into Run.sources: the user's line that made it; -1 unknown
 
 
 @dataclass
@@ -97,6 +103,29 @@ class OOM:
     module: str | None = None
     simulated: bool = False
     live_bytes: int | None = None
+    source: int = -1            # index into Run.sources: the user's line that asked for the memory
+
+
+@dataclass(frozen=True)
+class Source:
+    """A line of the user's code: the first frame outside torch, memdoctor, the standard
+    library and installed packages."""
+    file: str
+    line: int
+    function: str = ""
+
+    @property
+    def label(self) -> str:
+        """"train.py:25": the file's name and the line number."""
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+    def text(self) -> str:
+        """The line's source text, read when asked (empty when the file is not here)."""
+        return linecache.getline(self.file, self.line).strip()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function,
+                "label": self.label, "text": self.text()}
 
 
 @dataclass
@@ -123,6 +152,8 @@ class Run:
     ooms: list[OOM] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     segments: list[dict[str, Any]] = field(default_factory=list)
+    # the user's lines that blocks and OOMs point at: [file, line, function] each
+    sources: list[list] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -149,6 +180,13 @@ class Run:
                 hi = mid - 1
         return found
 
+    def source_at(self, index: int | None) -> Source | None:
+        """The Source of a block's or an OOM's `source` index; None when unknown."""
+        if index is None or not 0 <= index < len(self.sources):
+            return None
+        file, line, function = self.sources[index]
+        return Source(file, line, function)
+
     # ---- persistence -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         blocks = list(self.blocks.values())
@@ -168,6 +206,7 @@ class Run:
             "ooms": [asdict(o) for o in self.ooms],
             "samples": [asdict(s) for s in self.samples],
             "segments": self.segments,
+            "sources": self.sources,
             "meta": self.meta,
         }
 
@@ -182,6 +221,9 @@ class Run:
             cols = data["blocks"]
             names = list(Block.__dataclass_fields__)
             count = len(cols["id"])
+            cols = _with_defaults(cols, _NEWER_BLOCK_COLUMNS, count)
+            sources = data.get("sources", [])       # files written before the column: none
+            _check_sources(sources)
             if any(len(cols[n]) != count for n in names):
                 raise RunFileError("run file is damaged: block columns differ in length")
             _check_columns("run", Run, {n: [data[n]] for n in _RUN_SCALARS})
@@ -192,6 +234,8 @@ class Run:
                 rows = data[key]
                 if type(rows) is not list or not all(type(r) is dict for r in rows):
                     raise RunFileError(f"run file is damaged: {key} is not a list of objects")
+                if kind is OOM:             # files written before OOM.source: unknown
+                    rows = oom_rows = [{"source": -1, **r} for r in rows]
                 _check_columns(key, kind, {n: [r[n] for r in rows] for n in kind.__dataclass_fields__})
             blocks = {}
             for values in zip(*(cols[n] for n in names)):
@@ -199,13 +243,16 @@ class Run:
                 blocks[b.id] = b
             if len(blocks) != count:
                 raise RunFileError("run file is damaged: block ids repeat")
+            if any(not -1 <= i < len(sources) for i in cols["source"]) or any(
+                    not -1 <= r["source"] < len(sources) for r in oom_rows):
+                raise RunFileError("run file is damaged: a source index is out of range")
             run = cls(
                 source=data["source"], device=data["device"], budget_bytes=data["budget_bytes"],
                 script=data["script"], argv=data["argv"], torch_version=data["torch_version"],
                 actions=ev["action"], event_blocks=ev["block"], event_bytes=ev["bytes"], blocks=blocks,
-                marks=[Mark(**m) for m in data["marks"]], ooms=[OOM(**o) for o in data["ooms"]],
+                marks=[Mark(**m) for m in data["marks"]], ooms=[OOM(**o) for o in oom_rows],
                 samples=[Sample(**s) for s in data["samples"]], segments=data["segments"],
-                meta=data["meta"],
+                sources=sources, meta=data["meta"],
             )
         except RunFileError:
             raise
@@ -213,6 +260,10 @@ class Run:
             raise RunFileError(f"run file is damaged: {type(exc).__name__}: {exc}") from None
         if not (len(run.actions) == len(run.event_blocks) == len(run.event_bytes)):
             raise RunFileError("run file is damaged: event columns differ in length")
+        try:
+            check_run(run, CATEGORIES, {Action.ALLOC, Action.FREE, Action.OOM})
+        except ValueError as exc:
+            raise RunFileError(f"run file is damaged: {exc}") from None
         return run
 
     def save(self, path: str | os.PathLike) -> None:
@@ -221,25 +272,35 @@ class Run:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Run":
+        """Read a run file within the memory limit for reading files (memdoctor.limits);
+        RunFileError or ReadLimitError, one line, when it cannot or may not be read."""
         text = read_run_text(path)
         try:
             data = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise RunFileError(f"{os.fspath(path)!r} is not a readable run file ({type(exc).__name__})") from None
         return cls.from_dict(data)
 
 
-def read_run_text(path: str | os.PathLike) -> str:
-    """The JSON text of a run file, gzip-compressed or not; RunFileError (one line) if not."""
+def read_run_text(path: str | os.PathLike, allowance: Allowance | None = None) -> str:
+    """The JSON text of a run file, gzip-compressed or not; RunFileError (one line) if not.
+    What the text and the objects json.loads makes of it will take is charged to
+    `allowance` (by default the limit for reading files) as it is decompressed, so a small
+    file that expands past the limit stops with ReadLimitError."""
+    name = os.fspath(path)
+    allowance = allowance or Allowance(f"run file {name!r}")
     try:
         with open(path, "rb") as fh:
-            raw = fh.read()
+            raw = read_all(fh, allowance)
     except OSError as exc:
-        raise RunFileError(f"cannot read run file {os.fspath(path)!r}: {exc.strerror or exc}") from None
+        raise RunFileError(f"cannot read run file {name!r}: {exc.strerror or exc}") from None
     try:
-        return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+        data = gunzip(raw, allowance) if raw[:2] == b"\x1f\x8b" else raw
+        allowance.charge_json(data)
+        allowance.charge(len(data) * (1 if data.isascii() else 4))     # the str
+        return data.decode()
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-        raise RunFileError(f"{os.fspath(path)!r} is not a readable run file ({type(exc).__name__})") from None
+        raise RunFileError(f"{name!r} is not a readable run file ({type(exc).__name__})") from None
 
 
 # What each annotated field may hold once read back from JSON (bool is not an int here).
@@ -268,16 +329,37 @@ def _check_columns(where: str, kind: type, columns: dict[str, Any]) -> None:
             raise RunFileError(f"run file is damaged: {where}.{name} does not hold {hint}")
 
 
+# Block columns added after version 1 was released, with the value older files mean.
+_NEWER_BLOCK_COLUMNS = {"source": -1}
+
+
+def _with_defaults(cols: Any, defaults: dict[str, Any], count: int) -> Any:
+    """Older files lack the newer columns: each reads as its default."""
+    if type(cols) is not dict:
+        return cols
+    missing = {n: [v] * count for n, v in defaults.items() if n not in cols}
+    return {**cols, **missing} if missing else cols
+
+
+def _check_sources(sources: Any) -> None:
+    """The source table holds [file, line, function] rows."""
+    if type(sources) is not list or not all(
+            type(r) is list and len(r) == 3 and type(r[0]) is str and type(r[1]) is int
+            and type(r[2]) is str for r in sources):
+        raise RunFileError("run file is damaged: sources is not a list of [file, line, function]")
+
+
 class RunFileError(Exception):
     """A run file that cannot be read; the message is one line for the user."""
 
 
 def write_atomic(path: str | os.PathLike, payload: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename it over."""
+    """Write to a temporary file beside `path`, then rename it over. The file gets the
+    mode any new file of the user's gets (0666 less the umask): a report is for sharing."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".memdoctor-", dir=folder)
+    fd, tmp = _new_file(folder)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
@@ -288,3 +370,15 @@ def write_atomic(path: str | os.PathLike, payload: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def _new_file(folder: str) -> tuple[int, str]:
+    """A new file under a random name in `folder`, created 0666 so that the kernel applies
+    the umask (tempfile.mkstemp creates 0600 whatever the umask)."""
+    for _ in range(100):
+        tmp = os.path.join(folder, f".memdoctor-{secrets.token_hex(6)}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder}")

@@ -1,20 +1,6 @@
-import os
-from pathlib import Path
-
+"""pytest's hooks for this suite: GPU tests are skipped where there is no CUDA device.
+Helpers the tests share live in tests/support/."""
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-
-
-def shared_path(*parts: str) -> Path:
-    """A file of ../shared; in CI its absence is a failure, elsewhere a skip."""
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{path} is missing: CI must run beside ../shared")
-        pytest.skip(f"{path} is not here")
-    return path
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,7 @@
 """The allocator model against the real CUDA caching allocator: allocation traces recorded
 on an H200 (torch.cuda.memory._record_memory_history during two training steps; made by
-benchmarks/allocator_trace_capture.py and benchmarks/allocator_replay.py --fixtures),
-replayed through CachingAllocatorModel, give the GPU's own peaks and segment count."""
+benchmarks/allocator_replay.py --fixtures), replayed through CachingAllocatorModel, give the
+GPU's own peaks and segment count."""
 import gzip
 import json
 from pathlib import Path

@@ -21,16 +21,11 @@ from memdoctor.cuda.allocator_model import (
     allocation_size,
     round_size,
 )
-from memdoctor.predict.estimate import (
-    CUBLASLT_WORKSPACE_BYTES,
-    accelerate_adam_bytes,
-    cublas_workspace_bytes,
-    deepspeed_zero2_model_states_bytes,
-    estimate,
-    estimate_built,
-    estimate_config,
-    train_step,
-)
+from memdoctor.predict.anchors import accelerate_adam_bytes, deepspeed_zero2_model_states_bytes
+from memdoctor.predict.config import estimate_config
+from memdoctor.predict.estimate import estimate, estimate_built
+from memdoctor.predict.fake_step import train_step
+from memdoctor.predict.kernel_watch import CUBLASLT_WORKSPACE_BYTES, cublas_workspace_bytes
 from memdoctor.run import Action
 
 KiB, MiB = 1024, 1024 * 1024
@@ -339,6 +334,25 @@ def test_script_build(tmp_path):
     assert est.config["script"].endswith("train.py")
 
 
+def test_a_scripts_build_sees_its_arguments_when_called(tmp_path):
+    # argparse in build() (not at import) reads sys.argv while the estimate runs
+    import sys
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import torch
+        from torch import nn
+
+        def build():
+            width = int(sys.argv[1])
+            model = nn.Linear(32, width)
+            return model, None, torch.randn(16, 32), lambda m, b: m(b).square().mean()
+    """))
+    est = estimate_config(script=str(script), script_args=["48"], device="cpu")
+    assert est.category_peaks_raw["weights"] == 4 * (32 * 48 + 48)
+    assert str(tmp_path) not in sys.path          # the script's folder leaves sys.path afterwards
+
+
 def test_cli_estimate_json(capsys):
     from memdoctor.cli import main
     code = main(["estimate", "--model", "gpt2-124m", "--batch", "1", "--seq", "16", "--json"])
@@ -489,7 +503,7 @@ def test_the_estimated_peak_of_a_gradient_sum_is_the_plain_runs():
 
 
 def test_dense_means_no_gaps_or_overlaps_in_any_dimension_order():
-    from memdoctor.predict.estimate import _dense
+    from memdoctor.predict.kernel_watch import _dense
     assert _dense(torch.empty(1, 128, 768)) and _dense(torch.empty(4, 5).t())
     assert _dense(torch.empty(2, 3, 4).permute(2, 0, 1))
     assert not _dense(torch.empty(4, 5)[:, :3])              # gaps
@@ -553,12 +567,13 @@ def test_a_tied_weights_gradient_from_a_cast_is_summed_in_place_as_the_plain_run
 
 def test_the_estimate_holds_the_fused_optimizers_device_tables():
     # FusedAdamW's fused steps keep two int64 tables a bucket on the device, for the
-    # optimizer's life; the fake step makes the same (the real _Bucket builds them here too)
-    from memdoctor.cuda.kernels.adamw import FusedAdamW, _Bucket
+    # optimizer's life; the fake step makes the same (the real Bucket builds them here too)
+    from memdoctor.cuda.kernels.adamw import FusedAdamW
+    from memdoctor.cuda.kernels.adamw_triton import Bucket
     model_fn = lambda: nn.Sequential(nn.Linear(300, 5000), nn.GELU(), nn.Linear(5000, 7))  # noqa: E731
     params = list(model_fn().parameters())
     opt = FusedAdamW(params, state_dtype="bf16", backend="torch")
-    bucket = _Bucket(params, [opt._init_state(p) for p in params], [0] * len(params), "bf16")
+    bucket = Bucket(params, [opt.init_state(p) for p in params], [0] * len(params), "bf16")
     est = estimate(model_fn, lambda m: torch.optim.AdamW(m.parameters()),
                    lambda: (torch.randn(64, 300), torch.randint(0, 7, (64,))),
                    lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]), plan="opt=adamw-bf16", device="cuda")
@@ -568,7 +583,7 @@ def test_the_estimate_holds_the_fused_optimizers_device_tables():
     assert all(b.free_seq is None and b.category == "optimizer_state" for b in tables.values())
 
 
-_PASS27 = Path(__file__).resolve().parent.parent / "benchmarks/results/gpu/h200x2_pass27"
+_PLAN_APPLY_H200 = Path(__file__).resolve().parent.parent / "benchmarks/results/plan_apply_h200_2026-11-30.json"
 
 
 def test_the_estimate_runs_out_of_memory_where_and_as_the_h200_did():
@@ -579,7 +594,8 @@ def test_the_estimate_runs_out_of_memory_where_and_as_the_h200_did():
     # with the same numbers, and its two steps alone fit, as they did on the GPU
     import re
     from memdoctor.predict.models import get, make_optimizer
-    measured = json.loads((_PASS27 / "plan_apply_llama-1b_b4_20GiB_oom.json").read_text())["rows"][0]
+    measured = next(run for run in json.loads(_PLAN_APPLY_H200.read_text())["runs"]
+                    if run["tag"] == "llama-1b_b4_20GiB_oom")["rows"][0]
     gib = lambda name: float(re.search(rf"([\d.]+) GiB {name}", measured["error"]).group(1))  # noqa: E731
     spec = get("llama-1b")
 
@@ -633,16 +649,16 @@ def test_a_step_that_keeps_more_each_time_is_not_repeated():
 
 
 # ---------------------------------------------------------------- a CPU-only torch standing in for CUDA
-_PASS12 = Path(__file__).resolve().parent.parent / "benchmarks/results/gpu/h200x2_pass12/estimate_accuracy.json"
+_ACCURACY_H200 = Path(__file__).resolve().parent.parent / "benchmarks/results/estimate_accuracy_h200_2026-11-30.json"
 
 
 @pytest.mark.skipif(torch.backends.cuda.is_built(), reason="the stand-in runs on a CPU-only torch")
 @pytest.mark.parametrize("cid", ["gpt2-124m/bf16/b8", "gpt2-124m/fp32/b8", "gpt2-124m/ckpt/b8"])
 def test_the_cpu_standin_estimates_what_the_h200_measured(cid):
-    # pass 12 measured these on an H200 in fresh processes; without a GPU the estimate runs
+    # an H200 measured these in fresh processes; without a GPU the estimate runs
     # CUDA's attention kernels and autocast's cross-entropy as CUDA does (cuda.cpu_standin)
     from memdoctor.predict.models import get, make_optimizer
-    measured = {r["id"]: r for r in json.loads(_PASS12.read_text())["configs"]}[cid]
+    measured = {r["id"]: r for r in json.loads(_ACCURACY_H200.read_text())["configs"]}[cid]
     name, mode, b = cid.split("/")
     spec = get(name)
     est = estimate(lambda: spec.build_model(1024), lambda m: make_optimizer("adamw", m),

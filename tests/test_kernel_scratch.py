@@ -1,7 +1,6 @@
 """Kernel scratch: the memory CUDA kernels take and give back inside one call. Sizes are
-checked against allocator traces recorded on an H200 (torch 2.11+cu130,
-benchmarks/results/gpu/h200x2_pass6/allocator_traces.log and the traces behind it); the
-estimate puts them into its Run where the kernel runs."""
+checked against allocator traces recorded on an H200 (torch 2.11+cu130); the estimate puts
+them into its Run where the kernel runs."""
 import torch
 from torch import nn
 
@@ -37,7 +36,7 @@ def test_small_reductions_take_nothing():
 
 
 def test_efficient_attention_backward_measured_on_the_h200():
-    # B=8, H=16, M=1024, K=64 as benchmarks/attention_scratch_probe.py ran it (results/gpu/h200x2_pass11):
+    # B=8, H=16, M=1024, K=64, as the H200's allocator recorded it:
     # fp32 with the output gradient laid out as the forward's output ([B, M, H, K] in memory):
     # the fp32 product grad_out * out, the sum, delta, then the grad_q workspace
     lse = meta(8, 16, 1024)
@@ -133,21 +132,21 @@ def test_a_convolution_is_described_by_shapes_never_data():
 
 def test_scratch_freed_at_once_is_freed_before_the_next_in_the_run():
     from memdoctor.cuda.kernel_scratch import Scratch
-    from memdoctor.predict.estimate import _scratch_events
+    from memdoctor.predict.kernel_watch import scratch_events
     class W:
         scratch = [(5, 7, [Scratch(100, "a", outlives=0), Scratch(200, "b", outlives=0), Scratch(50, "c")])]
-    events = _scratch_events(W())
+    events = scratch_events(W())
     assert [(e[0], e[1], e[3]) for e in events] == [(7, "alloc", 100), (7, "free", 0), (7, "alloc", 200),
                                                     (7, "free", 0), (7, "alloc", 50), (7, "free", 0)]
 
 
 def test_scratch_freed_after_what_it_outlives():
     from memdoctor.cuda.kernel_scratch import Scratch
-    from memdoctor.predict.estimate import _scratch_events
+    from memdoctor.predict.kernel_watch import scratch_events
     class W:    # fp32 attention backward's delta: product, sum, delta, then the workspace
         scratch = [(5, 7, [Scratch(4096, "product", outlives=2), Scratch(16, "sum", outlives=1),
                            Scratch(16, "delta"), Scratch(8192, "workspace", outlives=0)])]
-    events = _scratch_events(W())
+    events = scratch_events(W())
     got = [(e[1], e[2][1]) for e in events]
     assert got == [("alloc", 0), ("alloc", 1), ("alloc", 2), ("free", 1), ("free", 0),
                    ("alloc", 3), ("free", 3), ("free", 2)]

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memdoctor.capture.oomlog import KINDS, LogError, OOMFacts, parse_text, scan_file, scan_stream
-from tests.conftest import SHARED, shared_path
+from tests.support.paths import SHARED, shared_path
 
 GiB, MiB = 2**30, 2**20
 CORPUS = ("oom_messages", "messages.jsonl")
@@ -266,13 +266,25 @@ def test_scan_file_utf16_log(tmp_path, block_size):
     assert len(found) == 1 and found[0].line == 2 and found[0].requested_bytes == 20 * MiB
 
 
-def test_scan_file_cuts_overlong_lines(tmp_path):
+def test_scan_file_reads_lines_of_any_length(tmp_path):
+    """A message after megabytes without a newline (a progress bar, NUL bytes) is found."""
     path = tmp_path / "progress.log"
     with open(path, "w") as f:
-        f.write("x" * (3 * MiB) + NEW + "\n")      # the tail of a cut line is dropped
-        f.write(OLD + "\n")
+        f.write("x" * (3 * MiB) + NEW + "\n")
+        f.write("\x00" * (2 * MiB) + OLD + "\n")
     found = scan_file(path, block_size=64 * 1024)
-    assert len(found) == 1 and found[0].line == 2
+    assert [f.line for f in found] == [1, 2]
+    assert found[0].expected() == NEW_FACTS
+
+
+def test_colour_codes_inside_a_message_are_read_through():
+    coloured = NEW.replace("Tried to allocate", "\x1b[31;1mTried to allocate\x1b[0m").replace(
+        " GiB", "\x1b[1m GiB\x1b[22m", 1)
+    assert "\x1b" in coloured
+    for block_size in (1, 7, 4096):
+        found = scan_stream(io.StringIO("\x1b]0;title\x07noise\n" + coloured + "\n"), block_size)
+        assert [f.expected() for f in found] == [NEW_FACTS] and found[0].line == 2
+        assert "\x1b" not in found[0].text
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 100, 4096, 65536])

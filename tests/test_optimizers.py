@@ -210,7 +210,7 @@ def test_bf16_stochastic_rounding_is_unbiased():
     opt = FusedAdamW([p], state_dtype="bf16", backend="torch")
     target = torch.full((1 << 14,), 1.0 + 2 ** -10)        # a quarter of a bf16 ulp above 1.0
     opt.load_fp32_state(p, 0, target, target)              # (import rounds to nearest: 1.0)
-    from memdoctor.cuda.kernels.adamw import _random_bits, _round_bf16
+    from memdoctor.cuda.kernels.adamw_math import _random_bits, _round_bf16
     r = (_random_bits(0, target.numel(), 12345, "cpu") & 0xFFFF).to(torch.int32)
     rounded = _round_bf16(target, r).float()
     assert set(rounded.unique().tolist()) == {1.0, 1.0 + 2 ** -7}

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from memdoctor.cli import main
-from memdoctor.predict.estimate import estimate_config
+from memdoctor.predict.config import estimate_config
 from memdoctor.remedies.plan import Plan
 from memdoctor.predict.planner import counted_seconds, plan_for_budget
 
@@ -94,7 +94,9 @@ def test_plans_whose_derived_reserved_peak_runs_high_are_checked_directly():
 def test_impossible_budget_exits_3_with_parseable_plans(capsys):
     rc = main(["plan", "--model", MODEL, "--batch", "2", "--seq", "128", "--budget", "100MiB", "--json"])
     assert rc == 3
-    out = json.loads(capsys.readouterr().out)
+    data = json.loads(capsys.readouterr().out)
+    assert data["version"] == 1
+    out = data["plans"]
     assert out and not any(c["fits"] for c in out)
     for c in out:
         Plan.parse(c["plan"])

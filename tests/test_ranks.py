@@ -11,7 +11,7 @@ from memdoctor.cli import main
 from memdoctor.capture.ranks import per_rank_path, rank_info
 from memdoctor.diagnosis.merge import merge_findings
 from memdoctor.diagnosis.base import FREE_FIX, STRUCTURAL, Finding
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 
 def test_per_rank_paths():

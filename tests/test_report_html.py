@@ -49,6 +49,16 @@ EVIL_LINE = "name\u2028with\u2029separators & </script>"
 
 
 # ---- fixtures -----------------------------------------------------------------------------
+def report(path, run: Run, other_run: Run | None = None) -> None:
+    """Write the report as the CLI does: each run diagnosed first, the renderer given the findings."""
+    facts = facts_from_run(run)
+    after = {}
+    if other_run is not None:
+        other_facts = facts_from_run(other_run)
+        after = {"other_run": other_run, "other_facts": other_facts, "other_findings": diagnose(other_facts)}
+    write_report(path, run, diagnose(facts), facts, **after)
+
+
 class Net(nn.Module):
     """A tiny model whose first layer is registered under a hostile name."""
 
@@ -99,7 +109,7 @@ def fixed_run() -> Run:
 @pytest.fixture(scope="module")
 def oom_html(oom_run, tmp_path_factory) -> tuple[Path, str]:
     path = tmp_path_factory.mktemp("report") / "oom.html"
-    write_report(path, oom_run)
+    report(path, oom_run)
     return path, path.read_text(encoding="utf-8")
 
 
@@ -112,7 +122,7 @@ def big_run() -> Run:
 def big_html(big_run, tmp_path_factory) -> tuple[Path, float]:
     path = tmp_path_factory.mktemp("big") / "big.html"
     start = time.perf_counter()
-    write_report(path, big_run)
+    report(path, big_run)
     return path, time.perf_counter() - start
 
 
@@ -175,27 +185,28 @@ def test_report_names_categories_and_findings(oom_run, oom_html):
     assert "simulated out of memory" in text and "budget" in text
 
 
-def test_given_findings_are_used_and_missing_ones_computed(oom_run, tmp_path):
+def test_the_report_draws_the_findings_it_is_given(oom_run, tmp_path):
     facts = facts_from_run(oom_run)
     findings = diagnose(facts)
-    a, b = tmp_path / "given.html", tmp_path / "computed.html"
-    write_report(a, oom_run, findings=findings, facts=facts)
-    write_report(b, oom_run)
-    assert a.read_text() == b.read_text()
-    write_report(a, oom_run, findings=[], facts=facts)
-    assert "No rule names a cause" in a.read_text()
+    path = tmp_path / "given.html"
+    write_report(path, oom_run, findings[1:], facts)
+    text = path.read_text()
+    assert f'<code class="rule">{findings[0].rule}</code>' not in text
+    assert all(f'<code class="rule">{f.rule}</code>' in text for f in findings[1:])
+    write_report(path, oom_run, [], facts)
+    assert "No rule names a cause" in path.read_text()
 
 
 def test_written_atomically(oom_run, tmp_path, monkeypatch):
     path = tmp_path / "r.html"
-    write_report(path, oom_run)
+    report(path, oom_run)
     before = path.read_bytes()
 
     def broken(run):
         raise RuntimeError("boom")
     monkeypatch.setattr(ds, "curves", broken)
     with pytest.raises(RuntimeError):
-        write_report(path, oom_run)
+        report(path, oom_run)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
 
@@ -303,9 +314,9 @@ def test_million_event_run_keeps_peak_and_oom_exact(big_run, big_html):
 # ---- before / after, segments, CLI ----------------------------------------------------------
 def test_before_and_after(oom_run, fixed_run, tmp_path):
     path = tmp_path / "ba.html"
-    write_report(path, oom_run, other_run=fixed_run)
+    report(path, oom_run, other_run=fixed_run)
     text = path.read_text()
-    assert "Before and after" in text
+    assert "Before and after" in text and "<p>after: " in text
     titles = [str(f["layout"]["title"]["text"]) for f in _figures(text)]
     assert any(t.startswith("<b>before</b>") for t in titles) and any(t.startswith("<b>after</b>") for t in titles)
     peak_before, peak_after = A.peak(oom_run)[1], A.peak(fixed_run)[1]
@@ -347,7 +358,7 @@ def segment_html(tmp_path_factory) -> Path:
     run = snapshot_to_run(_snapshot())
     assert run.segments and run.samples
     path = tmp_path_factory.mktemp("seg") / "segments.html"
-    write_report(path, run)
+    report(path, run)
     return path
 
 
@@ -367,7 +378,9 @@ def test_segments_chart(segment_html):
 
 
 def test_empty_run_renders():
-    text = render_report(Run())
+    run = Run()
+    facts = facts_from_run(run)
+    text = render_report(run, diagnose(facts), facts)
     assert "memdoctor report" in text and "<script type=\"application/json\"" in text
 
 
@@ -434,7 +447,7 @@ def test_browser_draws_every_chart(chromium, oom_html):
 
 def test_browser_draws_before_after_and_segments(chromium, oom_run, fixed_run, segment_html, tmp_path):
     path = tmp_path / "ba.html"
-    write_report(path, oom_run, other_run=fixed_run)
+    report(path, oom_run, other_run=fixed_run)
     got = bench.chromium_dom(path)
     _assert_drawn(got)
     assert got["expected"] >= 6

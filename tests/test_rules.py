@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import shared_path
+from tests.support.paths import shared_path
 
 HERE = Path(__file__).parent
 OWN = json.loads((HERE / "scenarios" / "expected.json").read_text())

@@ -61,7 +61,10 @@ maybe_int = st.none() | st.integers(0, 2**62)
 
 @st.composite
 def runs(draw) -> Run:
+    """Any run a file may hold: values of any kind, indices and sizes within their ranges."""
     n_blocks = draw(st.integers(0, 6))
+    n_events = draw(st.integers(0, 20))
+    seq = st.integers(0, n_events)
     blocks = {}
     for i in range(n_blocks):
         blocks[i] = Block(
@@ -69,25 +72,24 @@ def runs(draw) -> Run:
                 ["weights", "gradients", "optimizer_state", "activations", "temporaries", "inputs", "other"])),
             name=draw(names), shape=draw(st.lists(st.integers(0, 2**31), max_size=4)), dtype=draw(names),
             device=draw(names), module=draw(st.none() | names), phase=draw(names),
-            step=draw(st.integers(0, 10**6)), alloc_seq=draw(st.integers(0, 10**6)),
-            free_seq=draw(maybe_int), address=draw(maybe_int))
-    n_events = draw(st.integers(0, 20))
+            step=draw(st.integers(0, 10**6)), alloc_seq=draw(seq),
+            free_seq=draw(st.none() | seq), address=draw(maybe_int))
     return Run(
         source=draw(st.sampled_from(["dispatch", "allocator"])),
         device={"type": draw(names), "capacity_bytes": draw(maybe_int)},
         budget_bytes=draw(maybe_int), script=draw(st.none() | names), argv=draw(st.lists(names, max_size=3)),
         torch_version=draw(names),
         actions=draw(st.lists(st.integers(0, 2), min_size=n_events, max_size=n_events)),
-        event_blocks=draw(st.lists(st.integers(-1, 6), min_size=n_events, max_size=n_events)),
+        event_blocks=draw(st.lists(st.integers(-1, n_blocks - 1), min_size=n_events, max_size=n_events)),
         event_bytes=draw(st.lists(st.integers(0, 2**50), min_size=n_events, max_size=n_events)),
         blocks=blocks,
-        marks=draw(st.lists(st.builds(Mark, seq=st.integers(0, 99), phase=names, step=st.integers(0, 99),
+        marks=draw(st.lists(st.builds(Mark, seq=seq, phase=names, step=st.integers(0, 99),
                                       module=st.none() | names,
                                       time=st.floats(0, 1e6, allow_nan=False)), max_size=4)),
-        ooms=draw(st.lists(st.builds(OOM, seq=st.integers(0, 99), requested_bytes=maybe_int, message=names,
+        ooms=draw(st.lists(st.builds(OOM, seq=seq, requested_bytes=maybe_int, message=names,
                                      phase=names, step=st.integers(0, 99), module=st.none() | names,
                                      simulated=st.booleans(), live_bytes=maybe_int), max_size=2)),
-        samples=draw(st.lists(st.builds(Sample, seq=st.integers(0, 99), allocated=st.integers(0, 2**40),
+        samples=draw(st.lists(st.builds(Sample, seq=seq, allocated=st.integers(0, 2**40),
                                         reserved=st.integers(0, 2**40)), max_size=2)),
         meta={"note": draw(names), "numbers": draw(st.lists(st.integers(-5, 5), max_size=3))},
     )

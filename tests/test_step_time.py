@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from memdoctor.predict.estimate import estimate, estimate_config
+from memdoctor.predict.config import estimate_config
+from memdoctor.predict.estimate import estimate
 from memdoctor.predict.step_time import H200, Work, step_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,13 +103,14 @@ def test_a_fused_swap_counts_its_kernel_from_the_parameters():
 
 
 def test_the_h200_constants_reproduce_the_measured_step_times():
-    """GPU passes 18 and 21 (benchmarks/results/gpu/), with the work counted on this machine."""
+    """Step times of GPT-2 1.5B plans measured on an H200 (benchmarks/results/plan_apply_h200_*.json),
+    with the work counted on this machine."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import step_time_fit
     finally:
         sys.path.pop(0)
-    cache = json.loads((ROOT / "benchmarks" / "results" / "step_time_work.json").read_text())
+    cache = step_time_fit.cached_work()
     rows = step_time_fit.measured_rows()
     assert len(rows) >= 20
     errors = sorted(abs(step_time_fit.predict(cache[f"{r['model']}/b{r['batch']}/s{r['seq']}/{r['plan']}"], H200,
@@ -118,7 +120,8 @@ def test_the_h200_constants_reproduce_the_measured_step_times():
 
 def test_counted_work_of_a_known_model_is_stable():
     """The cached work counts the fit uses are what an estimate counts today."""
-    cache = json.loads((ROOT / "benchmarks" / "results" / "step_time_work.json").read_text())
+    newest = max((ROOT / "benchmarks" / "results").glob("step_time_fit_*.json"), key=lambda p: p.stem[-10:])
+    cache = json.loads(newest.read_text())["work"]
     est = estimate_config("gpt2-1.5b", batch=2, seq=1024, plan="ckpt=full,opt=in-backward-8bit")
     cached = cache["gpt2-1.5b/b2/s1024/ckpt=full,opt=in-backward-8bit"]
     assert est.work["compute"]["ops"] == pytest.approx(cached["compute"]["ops"], rel=0.02)

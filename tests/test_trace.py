@@ -24,9 +24,10 @@ from torch.utils._pytree import tree_leaves
 from memdoctor import attribution as A
 from memdoctor.run import CATEGORIES
 from memdoctor.capture import recorder as recorder_mod
-from memdoctor.capture.session import Tracer, trace_script
+from memdoctor.capture.script import trace_script
+from memdoctor.capture.session import Tracer
 from memdoctor.units import parse_size
-from tests.conftest import shared_path
+from tests.support.paths import shared_path
 
 
 # ---- an independent counter ---------------------------------------------------------------
@@ -369,9 +370,9 @@ def cpu_scenarios() -> list[str]:
 
 
 def _scenario_names():
-    # collected at import: a missing ../shared must not break collection (conftest skips
+    # collected at import: a missing ../shared must not break collection (shared_path skips
     # or fails the test itself when it runs)
-    from tests.conftest import SHARED
+    from tests.support.paths import SHARED
     try:
         expected = json.loads((SHARED / "scenarios" / "expected.json").read_text())
     except OSError:

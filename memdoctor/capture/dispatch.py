@@ -2,11 +2,12 @@
 (cpu, cuda, meta, FakeTensorMode) and hands each new storage to the Recorder once.
 
 The hot path does one dict lookup per output tensor; everything else (names, phases) is
-cached or read from the Recorder's current state.
+cached or read from the Recorder's current state. A new storage also gets the user's line
+(memdoctor.capture.frames): a walk up the Python stack to the first frame of the user's code.
 
 A dispatch mode changes one thing in the run it watches: autograd's engine then sums two
 gradients for one input into a new tensor, where a plain run sums into one of them in place
-(measured on the H200, benchmarks/results/gpu/h200x2_pass12). A run recorded here holds
+(measured on the H200; docs/measurements.md). A run recorded here holds
 those sums; the CUDA allocator source has no dispatch mode and sees the plain run.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from memdoctor.run import Category, Phase
+from memdoctor.capture.frames import UserFrames
 from memdoctor.capture.recorder import Recorder, log
 
 _in_backward = torch._C._current_graph_task_id
@@ -27,6 +29,9 @@ _BACKWARD = Phase.BACKWARD.value
 _SEQUENCES = (tuple, list)
 _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat)
 Tensor = torch.Tensor
+# `zero_grad(set_to_none=False)` zeroes gradients in place: the line that keeps them allocated
+_ZEROING = frozenset({"aten.zero_", "aten._foreach_zero_"})
+_GRADIENTS = Category.GRADIENTS.value
 
 
 class DispatchSource(TorchDispatchMode):
@@ -35,6 +40,8 @@ class DispatchSource(TorchDispatchMode):
         self.recorder = recorder
         self._names: dict = {}
         self.broken = False
+        self._frames = UserFrames(recorder.run.sources)
+        self._zeroed: dict[int, set[int]] = {}     # source index -> gradient blocks zeroed there
 
     def __enter__(self):
         out = super().__enter__()
@@ -43,6 +50,10 @@ class DispatchSource(TorchDispatchMode):
 
     def __exit__(self, *exc):
         _unwatch_resizes(self.recorder)
+        if self._zeroed:
+            self.recorder.run.meta.setdefault("kept_by", []).extend(
+                {"source": source, "holder": "gradients zeroed in place", "blocks": sorted(ids)}
+                for source, ids in self._zeroed.items() if source >= 0)
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -50,39 +61,75 @@ class DispatchSource(TorchDispatchMode):
         if self.broken:
             return out
         try:
-            self._record(func, out)
+            self._record(func, out, args)
         except torch.OutOfMemoryError:
+            self._oom_source()
             raise
         except Exception as exc:        # memdoctor's failure must not break training
             self.broken = True
             log.warning("memdoctor: dispatch tracing stopped after an internal error: %s", exc)
         return out
 
-    def _record(self, func, out) -> None:
+    def _record(self, func, out, args) -> None:
         rec = self.recorder
         name = self._names.get(func)
         if name is None:
             name = self._names[func] = f"aten.{func.overloadpacket.__name__}"
+        if name in _ZEROING:
+            self._note_zeroed(args)
         if _in_backward() != -1:
             if rec.phase != _BACKWARD:
                 rec.mark(_BACKWARD)
         elif rec.phase == _BACKWARD:
             rec.mark(rec.outer_phase())
+        # a block whose ALLOC comes at or after `seq` is new: it gets the user's line (the
+        # stack walk starts above this method and __torch_dispatch__: here(3))
+        seq = len(rec.run.actions)
         if isinstance(out, Tensor):
-            rec.add(out, name, _TEMP)
+            block = rec.add(out, name, _TEMP)
+            if block is not None and block.alloc_seq >= seq:
+                block.source = self._frames.here(3)
         elif isinstance(out, _SEQUENCES):     # (out, mean, rstd), a list of chunks, ...
+            source = None
             for t in out:
                 if isinstance(t, Tensor):
-                    rec.add(t, name, _TEMP)
+                    block = rec.add(t, name, _TEMP)
+                    if block is not None and block.alloc_seq >= seq:
+                        if source is None:
+                            source = self._frames.here(3)
+                        block.source = source
                 elif isinstance(t, _SEQUENCES):
-                    self._record_leaves(name, t)
+                    self._record_leaves(name, t, seq)
         elif out is not None and not isinstance(out, _SCALARS):
-            self._record_leaves(name, out)
+            self._record_leaves(name, out, seq)
 
-    def _record_leaves(self, name: str, out) -> None:
+    def _record_leaves(self, name: str, out, seq: int) -> None:
         for t in tree_leaves(out):
             if isinstance(t, Tensor):
-                self.recorder.add(t, name, _TEMP)
+                block = self.recorder.add(t, name, _TEMP)
+                if block is not None and block.alloc_seq >= seq:
+                    block.source = self._frames.here(4)
+
+    def _note_zeroed(self, args) -> None:
+        """Gradients zeroed in place stay allocated: note the user's line that did it."""
+        live = self.recorder.live
+        ids = []
+        for t in tree_leaves(args[:1]):
+            if isinstance(t, Tensor):
+                entry = live.get(t.untyped_storage()._cdata)
+                if entry is not None and entry.block.category == _GRADIENTS:
+                    ids.append(entry.block.id)
+        if ids:
+            self._zeroed.setdefault(self._frames.here(4), set()).update(ids)
+
+    def _oom_source(self) -> None:
+        """The simulated budget just recorded an OOM: note the user's line that asked."""
+        try:
+            ooms = self.recorder.run.ooms
+            if ooms and ooms[-1].source < 0:
+                ooms[-1].source = self._frames.here(3)
+        except Exception as exc:        # memdoctor's failure must not change the OOM
+            log.warning("memdoctor: the OOM's source line was not recorded: %r", exc)
 
 
 # ---- storages resized in place ----------------------------------------------------------

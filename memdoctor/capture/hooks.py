@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import functools
 import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch.utils._pytree import tree_leaves
 
 from memdoctor.run import Category, Phase
 from memdoctor.capture.recorder import Recorder, log
+
+DATASET_ROWS = 4        # an input taken from a storage this many times its size: a dataset's slice
 
 
 @dataclass
@@ -30,6 +32,8 @@ class ForwardCall:
     backward: bool = False
     mark_start: int = 0
     mark_end: int | None = None
+    params: bool = False        # the module holds parameters: a model, not a transform or a loss
+    graph: bool = False         # its output carries an autograd graph (grad mode on, something to save)
 
 
 def guarded(method):
@@ -61,6 +65,12 @@ class OwnershipHooks:
         self.calls: list[ForwardCall] = []
         self.optimizers: dict[int, weakref.ref] = {}
         self.optimizer_info: list[dict] = []
+        self.optimizer_steps = 0
+        self.backward_ends: list[int] = []       # mark index where each backward() call ended
+        self._queued_task = None
+        self._outputs: dict[int, weakref.ref] = {}   # storages of the last forward outputs
+        self.sliced: dict[tuple[str, int], int] = {}  # storage -> rows of the largest input sliced from it
+        self._parameterless: dict[int, weakref.ref] = {}
         self._saved = None
 
     # ---- install / remove -------------------------------------------------------
@@ -160,15 +170,17 @@ class OwnershipHooks:
     def _forward_pre(self, module, args):
         rec = self.rec
         if not self.stack and not _in_backward():   # a recompute in backward is no new pass
-            if id(module) not in self.roots and any(True for _ in module.parameters()):
+            if id(module) not in self.roots and self._holds_parameters(module):
                 self.adopt_model(module)
-            for t in tree_leaves(args):
-                if isinstance(t, torch.Tensor):
+            for t in _tensors(args):
+                if isinstance(t, torch.Tensor) and not self._made_by_forward(t):
                     rec.claim(t, Category.INPUTS.value)
+                    self._note_slice(t)
             name = self.module_names.get(id(module), type(module).__name__)
             self.calls.append(ForwardCall(len(self.calls), name, len(rec.run.actions),
                                           training=module.training,
-                                          grad_enabled=torch.is_grad_enabled()))
+                                          grad_enabled=torch.is_grad_enabled(),
+                                          params=id(module) in self.roots))
             self.stack.append(name)
             rec.forward_depth += 1
             if not _in_backward():
@@ -193,13 +205,65 @@ class OwnershipHooks:
             return None
         call = self.calls[-1]
         call.seq_end = len(rec.run.actions)
-        for t in tree_leaves(output):
-            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
-                t.grad_fn.register_prehook(functools.partial(self._backward_started, call))
+        self._outputs.clear()
+        for t in _tensors(output):
+            if isinstance(t, torch.Tensor):
+                self._note_output(t)
+                if t.grad_fn is not None:
+                    call.graph = True
+                    t.grad_fn.register_prehook(functools.partial(self._backward_started, call))
         if not _in_backward():
             rec.mark(rec.outer_phase())
         call.mark_end = len(rec.run.marks) - 1
         return None
+
+    def _note_output(self, t: torch.Tensor) -> None:
+        try:
+            storage = t.untyped_storage()
+            self._outputs[storage._cdata] = weakref.ref(storage)
+        except Exception:
+            pass
+
+    def _holds_parameters(self, module) -> bool:
+        """Asked at every outermost call (a transform runs once a sample): walked once a
+        module, the answer kept while that module lives."""
+        known = self._parameterless.get(id(module))
+        if known is not None and known() is module:
+            return False
+        if any(True for _ in module.parameters()):
+            return True
+        self._parameterless[id(module)] = weakref.ref(module)
+        return False
+
+    def _note_slice(self, t: torch.Tensor) -> None:
+        """An input that is a small view of a large storage (a batch sliced from a dataset
+        held whole): remember the storage (its block, or its address under the allocator
+        source) and the rows taken from it."""
+        try:
+            storage = t.untyped_storage()
+        except Exception:
+            return
+        if storage.nbytes() < DATASET_ROWS * max(t.numel() * t.element_size(), 1):
+            return
+        entry = self.rec.live.get(storage._cdata)
+        key = ("block", entry.block.id) if entry is not None else ("address", storage.data_ptr())
+        rows = t.shape[0] if t.dim() else 1
+        self.sliced[key] = max(self.sliced.get(key, 0), rows)
+
+    def sliced_inputs(self) -> list[dict]:
+        return [{kind: value, "rows": rows} for (kind, value), rows in self.sliced.items()]
+
+    def _made_by_forward(self, t: torch.Tensor) -> bool:
+        """A model's output handed on (to an nn.Module loss, to a second model) is no input:
+        it carries a graph, or it is (a view of) the last forward's output."""
+        if t.grad_fn is not None:
+            return True
+        try:
+            storage = t.untyped_storage()
+        except Exception:
+            return False
+        ref = self._outputs.get(storage._cdata)
+        return ref is not None and ref() is not None
 
     def _backward_started(self, call: ForwardCall, grad_outputs):
         """Backward reached this forward's output: it is back-propagated."""
@@ -207,9 +271,22 @@ class OwnershipHooks:
         try:
             if self.rec.phase != Phase.BACKWARD.value:
                 self.rec.mark(Phase.BACKWARD.value)
+            task = torch._C._current_graph_task_id()
+            if task != self._queued_task:       # one end mark per backward() call
+                self._queued_task = task
+                torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
         except Exception as exc:
             log.warning("memdoctor: backward mark failed: %r", exc)
         return None
+
+    def _backward_ended(self):
+        """The backward() call finished: a step boundary when no optimizer steps are seen."""
+        try:
+            rec = self.rec
+            rec.mark(rec.outer_phase())
+            self.backward_ends.append(len(rec.run.marks) - 1)
+        except Exception as exc:
+            log.warning("memdoctor: backward end mark failed: %r", exc)
 
     # ---- backward -------------------------------------------------------------------
     def _pack(self, tensor):
@@ -238,11 +315,31 @@ class OwnershipHooks:
         self._claim_state(optimizer)
         self.rec.in_optimizer = False
         self.rec.step += 1
+        self.optimizer_steps += 1
         self.rec.mark(self.rec.outer_phase())
 
     # ---- after the run ------------------------------------------------------------------
     def forward_calls(self) -> list[dict]:
-        return [asdict(c) for c in self.calls]
+        names = [f.name for f in fields(ForwardCall)]
+        return [{n: getattr(c, n) for n in names} for c in self.calls]
+
+    def step_starts(self) -> tuple[str, list[int]]:
+        """What the script repeats, as mark indices where a step begins: optimizer steps
+        (numbered as they run, so none here), else the ends of backward() calls (a hand-written
+        update such as `p.data.add_(p.grad, alpha=-lr)`), else the calls of the model called
+        most often (a loop with no backward at all)."""
+        if self.optimizer_steps:
+            return "optimizer", []
+        if self.backward_ends:
+            return "backward", list(self.backward_ends)
+        models = [c for c in self.calls if c.params]
+        if not models:
+            return "none", []
+        counts: dict[str, int] = {}
+        for c in models:
+            counts[c.module] = counts.get(c.module, 0) + 1
+        top = max(counts, key=counts.get)
+        return "forward", [c.mark_start for c in models if c.module == top][1:]
 
 
 def describe_optimizer(optimizer) -> dict:
@@ -259,6 +356,18 @@ def describe_optimizer(optimizer) -> dict:
         "largest_param_bytes": max((p.numel() * p.element_size() for p in params), default=0),
         "device": str(params[0].device) if params else "cpu",
     }
+
+
+def _tensors(obj) -> list:
+    """The tensors in a module's arguments or output. A tensor or a flat tuple of tensors
+    and plain values is by far the most common: walked directly, a pytree flatten (several
+    microseconds, a transform called once a sample) only for anything nested."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if type(obj) in (tuple, list) and all(isinstance(x, (torch.Tensor, int, float, bool, str, type(None)))
+                                          for x in obj):
+        return [x for x in obj if isinstance(x, torch.Tensor)]
+    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
 
 
 def _unpack(tensor):

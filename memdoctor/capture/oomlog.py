@@ -22,11 +22,13 @@ unit, GB and MB included, as PyTorch itself does.
 from __future__ import annotations
 
 import bisect
-import codecs
 import os
 import re
 from dataclasses import dataclass, field
-from typing import IO, Iterator
+from typing import IO
+
+from memdoctor.capture.logtext import strip_escapes, text_blocks
+from memdoctor.limits import Allowance
 
 __all__ = ["OOMFacts", "LogError", "KINDS", "parse_text", "scan_file", "scan_stream"]
 
@@ -39,7 +41,8 @@ _EXPECTED_KEYS = (
 )
 
 TEXT_LIMIT = 2000           # characters of a message kept in OOMFacts.text
-MAX_LINE = 1 << 20          # longer lines are cut: a log without newlines must not fill memory
+TEXT_KEPT = 1000            # messages that keep their text; those after keep their numbers
+FACTS_COST = 1024           # what one message's OOMFacts takes, its text aside
 BLOCK = 4 << 20             # bytes read at a time by scan_file
 _BEHIND = 600               # how far before a hit a message may start
 _AHEAD = 512                # how far after a hit its anchor phrase may reach
@@ -56,7 +59,8 @@ class OOMFacts:
 
     A field is None when the message does not show it. `line` is 1-based, counted in
     '\\n'-separated lines of the input. `text` is the message as found (line prefixes of
-    continuation lines removed, cut at TEXT_LIMIT characters). `extra` holds what only
+    continuation lines removed, cut at TEXT_LIMIT characters; empty after the first
+    TEXT_KEPT messages of a log, so that a log of a million OOMs stays small). `extra` holds what only
     some formats carry: private_pool_allocated_bytes, allowed_is_unlimited,
     mps_other_allocations_bytes, mps_pool, device, subsystem, exception, ambiguous...
     """
@@ -561,7 +565,8 @@ class _Scanner:
     Between blocks only a tail of _CARRY characters is kept: hits closer than that to the
     end wait for the next block, so no message is read from half a window."""
 
-    def __init__(self) -> None:
+    def __init__(self, allowance: Allowance | None = None) -> None:
+        self.allowance = allowance
         self.text = ""
         self.line0 = 1              # line number of self.text[0]
         self.cursor = 0             # end of the last message; nothing starts before it
@@ -676,6 +681,10 @@ class _Scanner:
             prior.requested_bytes = facts.requested_bytes
             prior.text = (prior.text + "\n" + facts.text)[:TEXT_LIMIT]
             return
+        if len(self.found) >= TEXT_KEPT:
+            facts.text = ""
+        if self.allowance is not None:
+            self.allowance.charge(FACTS_COST + 2 * len(facts.text))
         self.found.append(facts)
         if nccl and not is_calloc:
             self._nccl_open = facts
@@ -684,7 +693,7 @@ class _Scanner:
 def parse_text(text: str) -> list[OOMFacts]:
     """Every out-of-memory message in `text`, in order of appearance."""
     scanner = _Scanner()
-    scanner.feed(text, final=True)
+    scanner.feed(strip_escapes(text), final=True)
     return scanner.found
 
 
@@ -696,56 +705,11 @@ def requested_bytes(message: str) -> int | None:
     return None
 
 
-def _encoding(head: bytes) -> str:
-    """UTF-16 only when a byte-order mark is followed by what UTF-16 text looks like (the
-    high byte of most characters zero); garbage that happens to start with FF FE stays
-    UTF-8 with replacement characters."""
-    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        high = head[3:4096:2] if head[:2] == b"\xff\xfe" else head[2:4096:2]
-        if high and high.count(0) * 2 > len(high):
-            return "utf-16"
-    return "utf-8-sig"
-
-
-def _blocks(stream: IO, size: int) -> Iterator[str]:
-    """Decoded text in blocks that end at a newline; lines over MAX_LINE are cut.
-
-    Bytes that are not text become U+FFFD instead of an error; a UTF-16 log (what a
-    Windows PowerShell redirect writes) is recognised by its byte-order mark."""
-    decoder = None
-    pending, skipping = "", False
-    first = True
-    while True:
-        chunk = stream.read(max(size, 4096) if first else size)   # enough to tell UTF-16
-        first = False
-        if not chunk:
-            break
-        if isinstance(chunk, bytes):
-            if decoder is None:
-                decoder = codecs.getincrementaldecoder(_encoding(chunk))("replace")
-            chunk = decoder.decode(chunk)
-        if skipping:
-            nl = chunk.find("\n")
-            if nl < 0:
-                continue
-            chunk, skipping = chunk[nl:], False
-        data = pending + chunk
-        cut = data.rfind("\n") + 1
-        body, pending = data[:cut], data[cut:]
-        if len(pending) > MAX_LINE:
-            body, pending, skipping = body + pending[:MAX_LINE], "", True
-        if body:
-            yield body
-    if decoder is not None and not skipping:
-        pending += decoder.decode(b"", final=True)
-    if pending and not skipping:
-        yield pending
-
-
-def scan_stream(stream: IO, block_size: int = BLOCK) -> list[OOMFacts]:
-    """Every OOM message in an open file (bytes or text), read block by block."""
-    scanner = _Scanner()
-    for block in _blocks(stream, block_size):
+def scan_stream(stream: IO, block_size: int = BLOCK, allowance: Allowance | None = None) -> list[OOMFacts]:
+    """Every OOM message in an open file (bytes or text), read block by block. The
+    messages found are charged to `allowance` (default: the limit for reading files)."""
+    scanner = _Scanner(allowance or Allowance("the log"))
+    for block in text_blocks(stream, block_size):
         scanner.feed(block)
     scanner.feed("", final=True)
     return scanner.found
@@ -753,14 +717,18 @@ def scan_stream(stream: IO, block_size: int = BLOCK) -> list[OOMFacts]:
 
 def scan_file(path: str | os.PathLike, block_size: int = BLOCK) -> list[OOMFacts]:
     """Every OOM message in the log at `path`, in order; memory stays bounded by the block
-    size whatever the file's size. Raises LogError when the file cannot be read."""
+    size and the limit for reading files (memdoctor.limits: the messages found count
+    against it, ReadLimitError past it) whatever the file's size. Raises LogError when
+    the file cannot be read."""
+    allowance = Allowance(f"log {os.fspath(path)!r}")
+    allowance.charge(8 * block_size)        # the block, decoded, and the text kept around it
     try:
         stream = open(path, "rb")
     except (OSError, ValueError) as exc:     # ValueError: a path with a NUL byte
         raise LogError(f"cannot read log {path}: {_reason(exc)}") from None
     with stream:
         try:
-            return scan_stream(stream, block_size)
+            return scan_stream(stream, block_size, allowance)
         except OSError as exc:
             raise LogError(f"cannot read log {path}: {_reason(exc)}") from None
 

@@ -8,6 +8,7 @@ PyTorch keeps alive exactly as long as the storage itself).
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 import weakref
@@ -226,6 +227,28 @@ class Recorder:
         block = self.add(tensor, name or "", category)
         if block is not None and name and block.category == category:
             block.name = name
+
+    def renumber_steps(self, starts: list[int]) -> None:
+        """Number the steps from what the script repeats: each mark index in `starts` begins
+        the next step. Marks, blocks and OOMs take the step of the mark in force when they
+        were made (one pass over the marks, a binary search per block)."""
+        if not starts:
+            return
+        marks = self.run.marks
+        begins = set(starts)
+        step = 0
+        for i, m in enumerate(marks):
+            if i in begins:
+                step += 1
+            m.step = step
+        self.step = step
+        seqs = [m.seq for m in marks]
+        for b in self.run.blocks.values():
+            i = bisect.bisect_right(seqs, b.alloc_seq) - 1
+            b.step = marks[i].step if i >= 0 else 0
+        for o in self.run.ooms:
+            i = bisect.bisect_right(seqs, o.seq) - 1
+            o.step = marks[i].step if i >= 0 else 0
 
     def record_oom(self, requested: int | None, message: str, simulated: bool) -> OOM:
         oom = OOM(len(self.run.actions), requested, message, self.phase, self.step, self.module,

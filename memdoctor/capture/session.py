@@ -1,12 +1,10 @@
 """The tracer: recorder + dispatch source + ownership hooks + budget, as one context
-manager, and `trace_script` to run a user's script under it unchanged."""
+manager (memdoctor.capture.script runs a user's script under it)."""
 from __future__ import annotations
 
+import bisect
 import os
-import runpy
 import sys
-import traceback
-from dataclasses import dataclass, field
 
 import torch
 
@@ -16,6 +14,7 @@ from memdoctor.capture.budget import SimulatedBudget
 from memdoctor.capture.ranks import rank_info
 from memdoctor.capture.dispatch import DispatchSource
 from memdoctor.capture.hooks import OwnershipHooks
+from memdoctor.capture.keepers import attach_keepers, find_held
 from memdoctor.capture.oomlog import requested_bytes
 from memdoctor.capture.recorder import Recorder
 
@@ -81,13 +80,19 @@ class Tracer:
             rec.run.device["nvml_at_oom"] = _nvml_now(rec.run.device.get("index", 0))
         rec.run.meta["forward_calls"] = self.hooks.forward_calls()
         rec.run.meta["optimizers"] = self.hooks.optimizer_info
+        rec.run.meta["sliced_inputs"] = self.hooks.sliced_inputs()
+        rec.run.meta["steps_from"], starts = self.hooks.step_starts()
+        rec.renumber_steps(starts)
+        held = find_held(tb, sys._getframe(1))     # containers of tensors in the user's frames
         if self.allocator is not None:
             rec.active = False
             self.run = self.allocator.stop(oom_message)
             _calls_to_seqs(self.run)
+            attach_keepers(self.run, held)
         else:
             if oom_message and not any(o.message == oom_message for o in rec.run.ooms):
                 rec.record_oom(requested_bytes(oom_message), oom_message, simulated=False)
+            attach_keepers(rec.run, held, rec.live)
             self.run = rec.close()
         if self.allocator is None:
             self.run.meta["peak_live_bytes"] = rec.peak_bytes
@@ -129,26 +134,39 @@ def _nvml_now(index: int) -> dict:
 
 
 def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
-    """Forward passes whose graph was never back-propagated keep their saved tensors for
-    nothing. A pass cut short by the OOM counts when its module was in eval mode with
-    grad enabled (the classic validation loop without no_grad)."""
+    """Forward passes that built a graph nobody back-propagated keep their saved tensors for
+    nothing. A pass needs grad mode on and an output carrying a graph (under no_grad, or a
+    transform on plain data, nothing is kept). A pass cut short by the OOM has no output
+    yet: it counts when its module was in eval mode with grad on (the classic validation
+    loop without no_grad). Linear: the passes' ranges are sorted, each event a bisection."""
     calls = run.meta.get("forward_calls", [])
     ranges = []
     for i, c in enumerate(calls):
-        if c["backward"]:
+        if c["backward"] or not c["grad_enabled"]:
             continue
         cut_short = i == len(calls) - 1 and ended_in_oom
-        if cut_short and c["grad_enabled"] and c["training"]:
+        if cut_short and c["training"]:
             continue            # a training forward the OOM stopped before its backward
+        if not cut_short and not c.get("graph", True):
+            continue            # nothing saved: no graph was built
         end = c["seq_end"] if c["seq_end"] is not None else run.num_events
         ranges.append((c["seq_start"], end))
         c["phase"] = Phase.FORWARD_NO_BACKWARD.value
     if not ranges:
         return
+    ranges.sort()
+    starts, ends = [], []
+    for a, b in ranges:             # merged, so one bisection answers
+        if ends and a <= ends[-1]:
+            ends[-1] = max(ends[-1], b)
+        else:
+            starts.append(a)
+            ends.append(b)
     fwd, nob = Phase.FORWARD.value, Phase.FORWARD_NO_BACKWARD.value
 
     def inside(seq: int) -> bool:
-        return any(a <= seq < b for a, b in ranges)
+        i = bisect.bisect_right(starts, seq) - 1
+        return i >= 0 and seq < ends[i]
     for m in run.marks:
         if m.phase == fwd and inside(m.seq):
             m.phase = nob
@@ -158,41 +176,3 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     for o in run.ooms:
         if o.phase == fwd and inside(o.seq):
             o.phase = nob
-
-
-@dataclass
-class ScriptResult:
-    run: Run
-    exit_code: int = 0
-    error: str | None = None
-    oom: bool = False
-    output: list[str] = field(default_factory=list)
-
-
-def trace_script(path: str, args: list[str] | None = None, budget=None, source: str = "auto") -> ScriptResult:
-    """Run a script as `python path args...` would, under the tracer, with no change to it."""
-    argv = [path, *(args or [])]
-    old_argv, old_path = sys.argv, list(sys.path)
-    sys.argv = argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    tracer = Tracer(budget=budget, source=source)
-    code, error, oom = 0, None, False
-    try:
-        with tracer:
-            runpy.run_path(path, run_name="__main__")
-    except torch.OutOfMemoryError as exc:
-        oom, code, error = True, 1, str(exc).strip().splitlines()[0]
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except KeyboardInterrupt:
-        code, error = 130, "interrupted"
-    except BaseException as exc:    # the script's own failure: report it, keep the run
-        code, error = 1, "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    finally:
-        sys.argv, sys.path[:] = old_argv, old_path
-    run = tracer.run
-    run.script, run.argv = os.path.abspath(path), argv[1:]
-    if error:
-        run.meta["script_error"] = error
-    run.meta["exit_code"] = code
-    return ScriptResult(run, code, error, oom)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import io
 import json
+import math
 import os
 import pickle
 import pickletools
@@ -21,14 +22,23 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from memdoctor.run import OOM, Action, Block, Category, Mark, Phase, Run, Sample
-from memdoctor.units import format_bytes
+from memdoctor.run import CATEGORIES, OOM, Action, Block, Category, Mark, Phase, Run, Sample
+from memdoctor.runcheck import check_run
+from memdoctor.capture.frames import SourceTable, snapshot_source
+from memdoctor.limits import Allowance, ReadLimitError, gunzip, read_all
+from memdoctor.units import MAX_SIZE, format_bytes
 
 MAX_BYTES = 2 * 1024**3
 # Blocks kept per segment in Run.segments; a 2 MiB small-pool segment can hold 4096 blocks
 # and a long run thousands of segments. Totals and the largest free block cover them all.
 SEGMENT_BLOCKS_CAP = 64
 ANNOTATIONS_CAP = 10_000
+PLAIN_CAP = 10_000          # values copied from the snapshot's settings and annotations, at most
+# What converting builds, charged before it starts: per trace entry (a block, its events,
+# its name), per block listed in segments (walked; a block when alive), per segment.
+ENTRY_COST = 512
+SEGMENT_BLOCK_COST = 256
+SEGMENT_COST = 1024
 _ACTIVE = "active_allocated"
 # Freed by the program but still in use by another stream; the name changed across versions.
 _PENDING = ("active_pending_free", "active_awaiting_free")
@@ -141,10 +151,20 @@ def _check_opcodes(data: bytes) -> None:
             raise ValueError(f"unknown pickle opcode 0x{op.hex()} at byte {pos}")
 
 
-def load_snapshot(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> dict:
+def read_snapshot(path: str | os.PathLike, device: int | None = None) -> Run:
+    """load_snapshot and snapshot_to_run within one memory limit for reading files."""
+    allowance = Allowance(f"snapshot {os.fspath(path)!r}")
+    return snapshot_to_run(load_snapshot(path, allowance=allowance), device, allowance=allowance)
+
+
+def load_snapshot(path: str | os.PathLike, max_bytes: int = MAX_BYTES,
+                  allowance: Allowance | None = None) -> dict:
     """The snapshot dict stored at `path`: a pickle (any protocol), JSON, or either
-    gzip-compressed, told apart by content. Anything else raises SnapshotError."""
+    gzip-compressed, told apart by content. Anything else raises SnapshotError. The file
+    and what is built from it are charged to `allowance` (by default the limit for reading
+    files, memdoctor.limits) before they are made: past it, ReadLimitError."""
     name = os.fspath(path)
+    allowance = allowance or Allowance(f"snapshot {name!r}")
     try:
         info = os.stat(name)
         if not stat.S_ISREG(info.st_mode):
@@ -153,7 +173,7 @@ def load_snapshot(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> dict:
             raise SnapshotError(f"{name!r} is {format_bytes(info.st_size)}, over the "
                                 f"{format_bytes(max_bytes)} limit for snapshots")
         with open(name, "rb") as fh:
-            raw = fh.read()
+            raw = read_all(fh, allowance)
     except OSError as exc:
         raise SnapshotError(f"cannot read snapshot {name!r}: {exc.strerror or exc}") from None
     if len(raw) > max_bytes:
@@ -161,33 +181,40 @@ def load_snapshot(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> dict:
     if not raw:
         raise SnapshotError(f"{name!r} is empty, not a PyTorch memory snapshot")
     if raw[:2] == b"\x1f\x8b":
-        raw = _gunzip(raw, max_bytes, name)
-    data = _decode(raw, name)
+        raw = _gunzip(raw, max_bytes, name, allowance)
+    data = _decode(raw, name, allowance)
     _check_shape(data, name)
     return data
 
 
-def _gunzip(raw: bytes, max_bytes: int, name: str) -> bytes:
-    """Decompress at most max_bytes, so a small file cannot expand to fill memory."""
+def _gunzip(raw: bytes, max_bytes: int, name: str, allowance: Allowance) -> bytes:
+    """Decompress within the allowance and at most max_bytes, so a small file cannot
+    expand to fill memory."""
+    cap = 2 * (max_bytes + 1)                   # gunzip charges each byte twice
+    part = Allowance(allowance.what, min(allowance.limit - allowance.used, cap))
     try:
-        unzip = zlib.decompressobj(wbits=31)
-        out = unzip.decompress(raw, max_bytes + 1)
-    except zlib.error as exc:
+        out = gunzip(raw, part)
+    except ReadLimitError:
+        if part.limit < cap:
+            allowance.charge(part.used)         # past the limit for reading files: say so
+        raise SnapshotError(f"{name!r} expands past the {format_bytes(max_bytes)} limit for snapshots") from None
+    except (zlib.error, EOFError) as exc:
         raise SnapshotError(f"{name!r} is a damaged gzip file ({exc})") from None
-    if len(out) > max_bytes:
-        raise SnapshotError(f"{name!r} expands past the {format_bytes(max_bytes)} limit for snapshots")
+    allowance.charge(part.used)
     if not out:
         raise SnapshotError(f"{name!r} is an empty gzip file, not a PyTorch memory snapshot")
     return out
 
 
-def _decode(raw: bytes, name: str) -> Any:
+def _decode(raw: bytes, name: str, allowance: Allowance) -> Any:
     if raw[:64].lstrip()[:1] == b"{":
+        allowance.charge_json(raw)
         try:
             with _gc_paused():
                 return json.loads(raw)
         except (ValueError, RecursionError, MemoryError) as exc:   # bad JSON or UTF-8, deep nesting
             raise SnapshotError(f"{name!r} is not a readable snapshot: broken JSON ({exc})") from None
+    allowance.charge_pickle(raw)
     try:
         _check_opcodes(raw)
         with _gc_paused():
@@ -266,25 +293,36 @@ def _block_bytes(b: dict) -> int:
 
 
 def _int(value: Any, what: str) -> int:
+    """A size or an address: an int from 0 to int64's largest."""
     if type(value) is not int:
         raise TypeError(f"{what} is {type(value).__name__}, not int")
+    if not 0 <= value <= MAX_SIZE:
+        raise ValueError(f"{what} is {str(value)[:40]}, outside 0..{MAX_SIZE}")
     return value
 
 
-def _plain(value: Any, depth: int = 4) -> Any:
-    """A JSON-safe copy of snapshot data kept in the Run, cut at `depth`: a hostile
-    snapshot could nest or loop where a real one holds a few flat settings."""
-    if value is None or type(value) in (bool, int, float, str):
+def _plain(value: Any, depth: int = 4, left: list[int] | None = None) -> Any:
+    """A JSON-safe copy of snapshot data kept in the Run, cut at `depth` and after
+    PLAIN_CAP values in all: a hostile snapshot could nest, loop or share one list a
+    million times where a real one holds a few flat settings."""
+    left = [PLAIN_CAP] if left is None else left
+    if left[0] <= 0:
+        return None
+    left[0] -= 1
+    if value is None or type(value) in (bool, int, str):
         return value
+    if type(value) is float:
+        return value if math.isfinite(value) else None
     if depth > 0 and type(value) is dict:
-        return {str(k): _plain(v, depth - 1) for k, v in value.items() if type(k) in (str, int)}
+        return {str(k): _plain(v, depth - 1, left) for k, v in value.items()
+                if type(k) in (str, int) and left[0] > 0}
     if depth > 0 and type(value) in (list, tuple):
-        return [_plain(v, depth - 1) for v in value]
+        return [_plain(v, depth - 1, left) for v in value if left[0] > 0]
     return None
 
 
 # ---- conversion -------------------------------------------------------------------------
-def snapshot_to_run(snapshot: dict, device: int | None = None) -> Run:
+def snapshot_to_run(snapshot: dict, device: int | None = None, allowance: Allowance | None = None) -> Run:
     """A Run (source "allocator") from a snapshot: every traced allocation becomes a Block
     with an ALLOC event and, once freed, a FREE event; OOM entries become Run.ooms.
 
@@ -294,21 +332,27 @@ def snapshot_to_run(snapshot: dict, device: int | None = None) -> Run:
     start, so live bytes at every point and at the end match the allocator.
 
     `device` picks which GPU's trace to read; by default the one with the longest trace.
-    A snapshot that is not shaped like PyTorch's raises SnapshotError.
+    A snapshot that is not shaped like PyTorch's, or whose values are out of range (a
+    negative size), raises SnapshotError. What the Run will take is charged to `allowance`
+    (by default the limit for reading files) before it is built: past it, ReadLimitError.
     """
     if not isinstance(snapshot, dict):
         raise SnapshotError("not a PyTorch memory snapshot (expected a dict)")
+    allowance = allowance or Allowance("the snapshot")
     try:
         traces = snapshot.get("device_traces") or []
         all_segments = snapshot.get("segments") or []
         device = _pick_device(traces, all_segments, device)
         trace = traces[device] if device < len(traces) else []
         segments = [s for s in all_segments if s.get("device", device) == device]
+        allowance.charge(len(trace) * ENTRY_COST + len(segments) * SEGMENT_COST
+                         + sum(len(s.get("blocks") or ()) for s in segments) * SEGMENT_BLOCK_COST)
         with _gc_paused():
             run = _convert(snapshot, trace, segments, device)
         run.meta["snapshot"]["devices"] = sorted(
             {i for i, t in enumerate(traces) if t}
-            | {d for s in all_segments if type(d := s.get("device", 0)) is int})
+            | {d for s in all_segments if type(d := s.get("device", 0)) is int and d >= 0})
+        check_run(run, CATEGORIES, {Action.ALLOC, Action.FREE, Action.OOM})
         return run
     except SnapshotError:
         raise
@@ -350,7 +394,9 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
     steps: list[tuple[int, int, int]] = []   # (seq, reserved change, live change) so far
     early: list[Block] = []             # allocated before the trace began
     context: list[list] = []            # [block id, compile_context, user_metadata]
-    names: dict[int, str] = {}          # id(frames list) -> name; torch shares one list per stack
+    names: dict[int, tuple[str, int]] = {}   # id(frames list) -> (name, source); torch shares one list per stack
+    sources: list[list] = []            # the user's lines (Run.sources)
+    table = SourceTable(sources)
     running = reserved = implied = 0
 
     for e in trace:
@@ -359,6 +405,7 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
             addr, size = e["addr"], e["size"]
             if type(addr) is not int or type(size) is not int:
                 raise TypeError(f"alloc entry with addr {addr!r:.40} and size {size!r:.40}")
+            _int(addr, "alloc address"), _int(size, "alloc size")
             seq = len(actions)
             old = live.pop(addr, None)
             if old is not None:   # its free fell outside what was recorded
@@ -371,13 +418,14 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
                 seq += 1
             frames = e.get("frames")
             if frames:
-                name = names.get(id(frames))
-                if name is None:
-                    name = names[id(frames)] = frame_name(frames)
+                named = names.get(id(frames))
+                if named is None:
+                    named = names[id(frames)] = (frame_name(frames), snapshot_source(table, frames))
+                name, source = named
             else:
-                name = ""
+                name, source = "", -1
             bid = len(blocks)
-            b = Block(bid, size, other, name, [], "", dev, None, other_phase, 0, seq, None, addr)
+            b = Block(bid, size, other, name, [], "", dev, None, other_phase, 0, seq, None, addr, source)
             blocks[bid] = live[addr] = b
             actions.append(ALLOC)
             ev_blocks.append(bid)
@@ -405,8 +453,10 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
             size = e.get("size")
             if size is not None:
                 _int(size, "OOM size")
+            frames = e.get("frames")
             ooms.append(OOM(len(actions), size, _oom_message(size, e.get("device_free"), device),
-                            live_bytes=running))
+                            live_bytes=running,
+                            source=snapshot_source(table, frames) if type(frames) is list else -1))
             actions.append(OOM_EVENT)
             ev_blocks.append(-1)
             ev_bytes.append(size or 0)
@@ -428,7 +478,8 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
                 frames = _block_frames(b)
                 bid = len(blocks)
                 blk = Block(bid, _block_bytes(b), other, frame_name(frames) if frames else "",
-                            [], "", dev, None, other_phase, 0, 0, None, baddr)
+                            [], "", dev, None, other_phase, 0, 0, None, baddr,
+                            snapshot_source(table, frames) if type(frames) is list else -1)
                 blocks[bid] = blk
                 early.append(blk)
 
@@ -455,6 +506,7 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
     run.ooms = ooms
     run.marks = [Mark(0, other_phase, 0)]
     run.segments = [_compact_segment(seg) for seg in segments]
+    run.sources = sources
 
     # Reserved bytes: the segments give the end, segment events in the trace the changes,
     # so the level at the start is what the end was before those changes.
@@ -489,10 +541,11 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
         meta["time_us"] = [_plain(trace[0]["time_us"], 0), _plain(trace[-1].get("time_us"), 0)]
     if context:
         meta["block_context"] = context
-    annotations = [_plain(a) for a in snapshot.get("external_annotations") or ()
+    annotations = [a for a in snapshot.get("external_annotations") or ()
                    if not isinstance(a, dict) or a.get("device", device) == device]
     if annotations:
-        meta["external_annotations"] = annotations[:ANNOTATIONS_CAP]
+        left = [PLAIN_CAP]
+        meta["external_annotations"] = [_plain(a, left=left) for a in annotations[:ANNOTATIONS_CAP]]
         meta["external_annotations_total"] = len(annotations)
     run.meta = {"snapshot": meta}
     return run
@@ -500,7 +553,7 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
 
 def _oom_message(size: int | None, device_free: Any, device: int) -> str:
     text = f"CUDA out of memory. Tried to allocate {format_bytes(size)}."
-    if type(device_free) is int:
+    if type(device_free) is int and 0 <= device_free <= MAX_SIZE:
         text += f" GPU {device} had {format_bytes(device_free)} free."
     return text + " (from a PyTorch memory snapshot)"
 

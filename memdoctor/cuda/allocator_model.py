@@ -298,7 +298,7 @@ class CachingAllocatorModel:
     def _new_segment(self, pool: _Pool, seg: int) -> Block:
         # The driver hands out each new segment below the ones before it (measured on the
         # H200: replaying real allocator traces, ties between equal free blocks then break as
-        # they did on the GPU; benchmarks/results/gpu/h200x2_pass6/allocator_replay.md).
+        # they did on the GPU; benchmarks/results/allocator_replay_h200_2026-12-01.json).
         self._next_addr -= seg + K_ROUND_LARGE      # and a gap: segments are never adjacent
         addr = self._next_addr
         self.segments[addr] = seg

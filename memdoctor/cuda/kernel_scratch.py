@@ -5,8 +5,7 @@ A fake-tensor run never sees it (fake kernels only make outputs), yet on a GPU i
 `max_memory_allocated()` when it lands on the peak, and it shapes how the allocator's
 segments fill. `scratch_for(func, args, kwargs, gpu)` says what one aten op takes, in the
 order the kernel allocates it. Sizes follow the kernels' launch code (PyTorch 2.11) and
-match, byte for byte, the allocator traces recorded on an H200 in
-benchmarks/results/gpu/h200x2_pass6 (`benchmarks/allocator_trace_capture.py`):
+match, byte for byte, the allocator's traces of training steps recorded on an H200:
 
 - reductions (sum, mean over some dims): the global staging buffer and semaphores of
   Reduce.cuh, when the reduction is split across blocks (memdoctor.cuda.reduce_scratch);
@@ -17,7 +16,7 @@ benchmarks/results/gpu/h200x2_pass6 (`benchmarks/allocator_trace_capture.py`):
   the output and the sum as temporaries; and the split-key workspace for grad_q (a lock
   header and a 64 x 64 fp32 tile per 64 queries, per batch and head; head dims over 64,
   measured on none, take tiles as wide as the head dim rounded up to 64). Checked on the
-  H200 for four q/k/v layouts (benchmarks/attention_scratch_probe.py);
+  H200 for four q/k/v layouts (tests/test_kernel_scratch.py);
 - cuDNN attention: 256 bytes in forward; in backward an fp32 grad_q accumulator plus one
   fp32 value per query, and 256 bytes, per batch and head;
 - embedding backward (more than 3072 indices): the sort, segment and per-segment gradient

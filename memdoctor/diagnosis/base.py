@@ -32,11 +32,20 @@ class Finding:
     tier: int = STRUCTURAL
     fits_after_fix: bool | None = None
     details: dict = field(default_factory=dict)
+    # the user's line: file, line, function, label ("train.py:25"), text, role; set by
+    # diagnosis.sources from `blocks` (the blocks the finding accounts for, if the rule names them)
+    source: dict | None = None
+    blocks: list = field(default_factory=list, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         return {"rule": self.rule, "title": self.title, "accounts_for_bytes": int(self.accounts_for_bytes),
                 "evidence": self.evidence, "remedies": [r.to_dict() for r in self.remedies],
-                "fits_after_fix": self.fits_after_fix, "details": self.details}
+                "fits_after_fix": self.fits_after_fix, "details": self.details, "source": self.source}
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """"1 tensor", "3 tensors", "1 such pass", "2 such passes"."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def fits(facts, predicted_peak: int | None) -> bool | None:

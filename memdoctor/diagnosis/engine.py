@@ -6,6 +6,7 @@ import logging
 from memdoctor.diagnosis.base import Finding, fits
 from memdoctor.diagnosis.facts import Facts
 from memdoctor.diagnosis.registry import FALLBACK, RULES, load
+from memdoctor.diagnosis.sources import attach_sources
 
 log = logging.getLogger("memdoctor")
 
@@ -27,6 +28,7 @@ def diagnose(facts: Facts, select: list[str] | None = None) -> list[Finding]:
                 findings.append(found)
     for finding in findings:
         _add_pending_state(finding, facts)
+    attach_sources(findings, facts)
     return rank(findings)
 
 

@@ -6,6 +6,7 @@ event run in one place.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,9 +15,12 @@ from memdoctor.run import Block, Category, Phase, Run
 
 W, G, S = Category.WEIGHTS.value, Category.GRADIENTS.value, Category.OPTIMIZER_STATE.value
 ACT, TMP, INP = Category.ACTIVATIONS.value, Category.TEMPORARIES.value, Category.INPUTS.value
+OTHER = Category.OTHER.value
 STATE_PER_PARAM_BYTE = {"Adam": 2.0, "AdamW": 2.0, "NAdam": 2.0, "RAdam": 2.0, "Adamax": 2.0,
                         "Adagrad": 1.0, "RMSprop": 1.0, "Adadelta": 2.0, "Adafactor": 0.1}
 VOCAB_MIN = 8192
+DATASET_ROWS = 4        # a dataset holds at least this many batches
+_ACTIVE = (Phase.FORWARD.value, Phase.BACKWARD.value, Phase.FORWARD_NO_BACKWARD.value)
 PRESSURE = 0.8    # a last dimension this large on a projection's output is a vocabulary
 
 
@@ -37,14 +41,17 @@ class Facts:
     peak_bytes: int = 0
     peak: Breakdown | None = None
     steps: list[dict] = field(default_factory=list)
-    growth_per_step: float = 0.0
+    growth_per_step: float = 0.0                  # bytes kept from earlier steps, added a step
+    steps_from: str = "optimizer"                 # what the steps are: optimizer, backward, forward, none
     leaked: list[Block] = field(default_factory=list)
     no_backward_activation_bytes: int = 0
     no_backward_calls: int = 0
     optimizer: dict[str, Any] | None = None
     state_bytes_full: int = 0                     # optimizer state once every parameter has it
     optimizer_temporaries: int = 0
-    grads_in_forward: int = 0
+    grads_in_forward: int = 0                     # gradients of earlier steps alive in forward/backward
+    dataset: list[Block] = field(default_factory=list)   # made outside any forward, feeding the inputs
+    dataset_batch_rows: int = 0                   # rows of the largest batch taken from it
     logits: list[Block] = field(default_factory=list)
     vocab: int | None = None
     step_activations: int = 0
@@ -52,6 +59,8 @@ class Facts:
     allocator: dict[str, Any] = field(default_factory=dict)   # OOM message numbers (CUDA)
     other_process_bytes: int | None = None
     other_processes: list[dict] = field(default_factory=list)
+    run: Run | None = field(default=None, repr=False)     # for the findings' source lines
+    untrusted: list[str] = field(default_factory=list)   # OOM-message numbers that contradict the others
 
     @property
     def focus_bytes(self) -> int:
@@ -92,6 +101,7 @@ class Facts:
 
 def facts_from_run(run: Run) -> Facts:
     f = Facts(source="run", budget_bytes=run.budget_bytes, device=run.device.get("type", "cpu"))
+    f.run = run
     f.capacity_bytes = run.device.get("capacity_bytes")
     f.limit_bytes = run.budget_bytes or f.capacity_bytes
     peak_seq, f.peak_bytes = peak(run)
@@ -110,13 +120,15 @@ def facts_from_run(run: Run) -> Facts:
                       if b.alloc_seq <= focus_seq and (b.free_seq is None or b.free_seq > focus_seq)]
     current_step = f.focus.step
     f.steps = per_step(run)
-    f.growth_per_step = _growth(f.steps)
-    f.leaked = [b for b in f.focus_blocks if b.category not in (W, G, S)
-                and b.step < current_step - 1 and b.phase != Phase.OTHER.value]
+    f.steps_from = run.meta.get("steps_from", "optimizer")
+    f.growth_per_step = _kept_growth(run, f.steps)
+    f.leaked = [b for b in f.focus_blocks if _kept(b) and b.step < current_step - 1]
     nob = Phase.FORWARD_NO_BACKWARD.value
+    # what a graph nobody back-propagates keeps: the tensors saved for its backward
     f.no_backward_activation_bytes = sum(b.nbytes for b in f.focus_blocks
-                                         if b.phase == nob and b.category in (ACT, TMP))
-    f.no_backward_calls = sum(1 for c in run.meta.get("forward_calls", []) if c.get("phase") == nob)
+                                         if b.phase == nob and b.category == ACT)
+    f.no_backward_calls = sum(1 for c in run.meta.get("forward_calls", [])
+                              if c.get("phase") == nob and c.get("params", True))
     optimizers = run.meta.get("optimizers") or []
     if optimizers:
         f.optimizer = optimizers[0]
@@ -128,8 +140,10 @@ def facts_from_run(run: Run) -> Facts:
                                   if b.phase == Phase.OPTIMIZER.value and b.category == TMP)
     if f.oom and f.oom_phase == Phase.OPTIMIZER.value:
         f.optimizer_temporaries += f.requested_bytes or 0
-    if f.focus.phase == Phase.FORWARD.value or f.oom_phase == Phase.FORWARD.value:
-        f.grads_in_forward = f.cat(G)
+    if (f.oom_phase if f.oom else f.focus.phase) in _ACTIVE:
+        # a gradient this step's backward has not made yet was kept from an earlier step
+        f.grads_in_forward = sum(b.nbytes for b in f.focus_blocks if b.category == G and b.step < current_step)
+    _find_dataset(f, run)
     f.step_activations = sum(b.nbytes for b in f.focus_blocks
                              if b.category == ACT and b.step == current_step)
     _find_logits(f)
@@ -168,7 +182,36 @@ def _allocator_facts(f: Facts, message: str) -> None:
         f.capacity_bytes = f.capacity_bytes or f.allocator.get("total_capacity_bytes")
 
 
+def checked(a: dict) -> tuple[dict, list[str]]:
+    """The OOM message's numbers, each checked against the others; one that contradicts
+    them is dropped (None) and named. What this process holds includes everything PyTorch
+    reserved, so "this process has 0 bytes" beside "20.91 GiB is allocated by PyTorch" is
+    a number NVML could not see (a container), not an empty process; free or reserved
+    memory larger than the device is not this device's."""
+    a, bad = dict(a), []
+    total, free = a.get("total_capacity_bytes"), a.get("free_bytes")
+    allocated = a.get("allocated_by_pytorch_bytes") or 0
+    reserved = max(a.get("reserved_total_bytes") or 0, allocated + (a.get("reserved_unallocated_bytes") or 0))
+    if total and free is not None and free > total:
+        a["free_bytes"], bad = None, bad + ["free_bytes"]
+    if total and reserved > SLACK * total:
+        for key in ("allocated_by_pytorch_bytes", "reserved_unallocated_bytes", "reserved_total_bytes"):
+            a[key] = None
+        bad.append("allocated_by_pytorch_bytes")
+        reserved = 0
+    mine = a.get("process_in_use_bytes")
+    if mine is not None and mine * SLACK < reserved:
+        a["process_in_use_bytes"], bad = None, bad + ["process_in_use_bytes"]
+    return a, bad
+
+
+SLACK = 1.01            # the message rounds each number to two decimals
+
+
 def _other_from_message(f: Facts) -> None:
+    """Memory held outside this process: total - free - this process, when all three are
+    trusted; else the processes the message lists by pid; else unknown (None)."""
+    f.allocator, f.untrusted = checked(f.allocator)
     a = f.allocator
     procs = a.get("other_processes")
     if procs:
@@ -180,17 +223,85 @@ def _other_from_message(f: Facts) -> None:
         f.other_process_bytes = sum(p["bytes"] for p in procs)
 
 
-def _growth(steps: list[dict]) -> float:
-    """Least-squares slope of end-of-step live bytes, ignoring the first step (warm-up:
-    optimizer state appears then)."""
-    rows = [(r["step"], r["end_bytes"]) for r in steps[1:]]
-    if len(rows) < 3:
+def _kept(b: Block) -> bool:
+    """Could be kept by the user's code: not weights, gradients or optimizer state (those
+    live for the run by design), nor what was set up before the first step."""
+    return b.category not in (W, G, S) and not (b.step == 0 and b.phase == Phase.OTHER.value)
+
+
+def _kept_growth(run: Run, steps: list[dict]) -> float:
+    """Bytes of tensors that outlive their step, added a step: for each complete step k,
+    the bytes alive at its end that earlier steps made (`_kept`), and the least-squares
+    slope of that over k. Optimizer state, parameters and their gradients never count, and
+    neither does the last step (cut short by the OOM, or the run's tail). Linear: each
+    block adds to a range of steps (a difference array)."""
+    rows = steps[:-1]
+    if len(rows) < 4:
         return 0.0
-    n = len(rows)
-    mx = sum(x for x, _ in rows) / n
-    my = sum(y for _, y in rows) / n
-    var = sum((x - mx) ** 2 for x, _ in rows)
-    return sum((x - mx) * (y - my) for x, y in rows) / var if var else 0.0
+    index = {r["step"]: i for i, r in enumerate(rows)}
+    ends = [r["end_seq"] - 1 for r in rows]          # the last event of each step
+    carried = [0] * (len(rows) + 1)
+    for b in run.blocks.values():
+        if not _kept(b):
+            continue
+        first = index.get(b.step + 1)                 # the first step it must outlive
+        if first is None:
+            continue
+        if b.free_seq is None:
+            last = len(rows) - 1
+        else:
+            last = bisect.bisect_left(ends, b.free_seq) - 1     # ends before it is freed
+        if last >= first:
+            carried[first] += b.nbytes
+            carried[last + 1] -= b.nbytes
+    points, total = [], 0
+    for i, r in enumerate(rows):
+        total += carried[i]
+        if i >= 1:
+            points.append((r["step"], total))
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
+
+
+def _find_dataset(f: Facts, run: Run) -> None:
+    """Tensors made outside any forward that the inputs are taken from, alive at the focus:
+    inputs sliced from them (the tracer notes an input that is a small view of a large
+    storage), or batches of their rows (a DataLoader collating samples of a TensorDataset
+    makes each batch a new tensor, N x rest -> B x rest of the same dtype, N >= 4 B). With
+    them, the tensors of the same length made beside them (the labels)."""
+    setup = [b for b in f.focus_blocks if b.category in (INP, TMP, OTHER) and b.phase == Phase.OTHER.value
+             and b.shape]
+    if not setup:
+        return
+    sliced_blocks, sliced_addresses = {}, {}
+    for entry in run.meta.get("sliced_inputs") or ():
+        if "block" in entry:
+            sliced_blocks[entry["block"]] = entry["rows"]
+        elif "address" in entry:
+            sliced_addresses[entry["address"]] = entry["rows"]
+    batches: dict[tuple, int] = {}        # (rest of the shape, dtype) -> most rows of one batch
+    for b in run.blocks.values():
+        if b.category == INP and b.shape and b.id not in sliced_blocks:
+            key = (tuple(b.shape[1:]), b.dtype)
+            batches[key] = max(batches.get(key, 0), b.shape[0])
+    found, rows = [], 0
+    for b in setup:
+        taken = sliced_blocks.get(b.id) or (sliced_addresses.get(b.address) if b.address is not None else None)
+        if taken is None:
+            batch = batches.get((tuple(b.shape[1:]), b.dtype), 0)
+            taken = batch if batch and b.shape[0] >= DATASET_ROWS * batch else None
+        if taken is not None:
+            found.append(b)
+            rows = max(rows, taken)
+    if not found:
+        return
+    lengths = {b.shape[0] for b in found if b.shape[0] >= DATASET_ROWS}
+    ids, steps = {b.id for b in found}, {b.step for b in found}
+    found += [b for b in setup if b.id not in ids and b.shape[0] in lengths and b.step in steps]
+    f.dataset, f.dataset_batch_rows = found, rows
 
 
 def _find_logits(f: Facts) -> None:

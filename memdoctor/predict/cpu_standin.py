@@ -1,9 +1,10 @@
-"""Where a CPU-only torch, standing in for CUDA in the estimate, would run other kernels than
-a GPU: made to run CUDA's instead, on fake tensors.
+"""A CPU-only torch standing in for CUDA in the estimate: explicit CUDA devices sent to the CPU
+(CpuForCuda), and, where the CPU would run other kernels than a GPU, CUDA's run instead, on
+fake tensors.
 
 - scaled_dot_product_attention: the CPU picks its flash kernel; an H100/H200 with torch 2.11
   picks cuDNN attention for fp16/bf16 and memory-efficient attention for fp32 (seen in the
-  H200's allocator traces: GPT-2 and ViT-B/16, benchmarks/results/gpu/h200x2_pass11). The
+  H200's allocator traces of GPT-2 and ViT-B/16). The
   fake run calls those kernels' own ops, whose outputs, saved tensors and scratch
   (memdoctor.cuda.kernel_scratch) are CUDA's. Masks, GQA and head sizes those kernels refuse
   keep the CPU's choice.
@@ -24,6 +25,47 @@ import torch.nn.functional as F
 
 aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
+
+NOTE = (
+    "this torch has no CUDA, so the step ran on fake CPU tensors standing in for CUDA ones; attention "
+    "without a mask runs CUDA's kernels (cuDNN attention for fp16/bf16, memory-efficient for fp32, as "
+    "an H100/H200 picks them) and autocast's cross-entropy runs as on CUDA; what still differs: "
+    "attention with a mask (the CPU's kernel; its math path saves the seq x seq attention matrix that "
+    "CUDA never does), other autocast ops (CPU autocast's op lists differ from CUDA's), batch norm (CUDA "
+    "uses cuDNN and saves an extra reserve buffer), cuDNN's convolution workspaces (measured only on a "
+    "GPU), optimizer step counters (on the CPU on a GPU too, left out here), fused optimizer kernels "
+    "(CPU has fewer). Against an H200, transformers without attention masks estimate to the MiB here "
+    "(benchmarks/results/estimate_accuracy_cpu2_2026-11-30.json)")
+
+
+def cuda_built() -> bool:
+    """Whether this torch has CUDA; without it the CPU stands in for a CUDA estimate."""
+    try:
+        return torch.backends.cuda.is_built() and torch.version.cuda is not None
+    except Exception:
+        return False
+
+
+class CpuForCuda(torch.overrides.TorchFunctionMode):
+    """On a torch without CUDA, fake CUDA tensors would abort the process in the first
+    kernel; this sends every explicit CUDA device (device=, .to, .cuda) to the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in (torch.Tensor.cuda,):
+            return args[0].to("cpu") if args and isinstance(args[0], torch.Tensor) else args[0]
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs["device"] = "cpu"
+        args = tuple("cpu" if _is_cuda(a) else a for a in args)
+        return func(*args, **kwargs)
+
+
+def _is_cuda(value) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    if isinstance(value, str):
+        return value.startswith("cuda")
+    return False
 
 
 def attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -17,7 +17,8 @@ How it searches (fast enough for GPT-2 1.5B on a CPU, where one estimate takes s
       step scale
       by m/B; gradients count whole (earlier micro-batches' gradients are kept);
     * adamw-bf16 / adamw-8bit: optimizer state of 8 bytes a parameter (fp32 AdamW) becomes
-      4 / ~2.03; their fused step drops the foreach step's temporaries;
+      4 / 2.03125 (memdoctor.cuda.kernels.adamw_math); their fused step drops the foreach
+      step's temporaries;
     * in-backward (and in-backward-8bit, with the 8-bit state as well): the gradients are
       never all alive: in backward only the largest parameter's gradient counts, and the
       optimizer step (a no-op) costs nothing;
@@ -48,9 +49,9 @@ run by the GPU, with constants fitted to step times measured on an H200):
 - an optimizer swap replaces the step's work by memdoctor's fused kernel (each parameter
   written with its moments, one launch, or one per parameter stepped in backward); blockwise
   8-bit states cost x1.05 more: GPT-2 1.5B stepped 9-18% slower with them than with bf16
-  states at micro-batch 2, and as fast with full checkpointing (H200 passes 17, 18, 23 and
-  25, benchmarks/results/gpu/); bf16 states also keep more precision. Ties go to the lower
-  peak;
+  states at micro-batch 2, and as fast with full checkpointing (on the H200,
+  benchmarks/results/plan_apply_h200_2026-11-30.json); bf16 states also keep more
+  precision. Ties go to the lower peak;
 - ZeRO-2: x(1 + 0.05 * log2(world_size)) (reduce-scatter and all-gather over the ranks).
 The structural variants are estimated in the order of a prior guess of their cost
 (PRIOR_COST). A directly verified plan takes the cost of its own counted work.
@@ -68,6 +69,9 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from memdoctor.cuda.kernels.adamw_math import state_bytes_per_param
+from memdoctor.predict.config import estimate_config
+from memdoctor.predict.estimate import EstimateError, estimate_built
 from memdoctor.predict.step_time import H200, SWAP_STATE, Machine, Work, fused_step_work, step_seconds
 from memdoctor.remedies.plan import Plan
 
@@ -77,7 +81,9 @@ __all__ = ["Candidate", "plan_for_budget", "prior_cost", "plan_work", "plan_seco
 PRIOR_COST = {"bf16": 0.6, "selective": 0.10, "full": 1.0 / 3.0}
 OPT_COST = {"adamw-8bit": 1.05, "in-backward-8bit": 1.05}   # measured, beyond the counted work
 ZERO_COST_PER_DOUBLING = 0.05
-STATE_BYTES = {"adamw-bf16": 4.0, "adamw-8bit": 2.03, "in-backward-8bit": 2.03}  # per parameter, against 8
+# optimizer state per parameter, against fp32 AdamW's 8 bytes
+STATE_BYTES = {name: state_bytes_per_param(SWAP_STATE[name])
+               for name in ("adamw-bf16", "adamw-8bit", "in-backward-8bit")}
 IN_BACKWARD = ("in-backward", "in-backward-8bit")
 
 ACT_CATS = ("activations", "temporaries", "inputs")
@@ -209,7 +215,6 @@ def phase_profile(est, world_size: int = 1, zero: int | None = None) -> dict[str
 def _estimate_job(job: tuple):
     """One estimate of a known model in a worker process (picklable arguments and result)."""
     import torch
-    from memdoctor.predict.estimate import EstimateError, estimate_config
     torch.set_num_threads(1)
     name, batch, seq, plan, world_size, config = job
     try:
@@ -265,7 +270,6 @@ class _Estimates:
 
     def get(self, plan: Plan):
         """The plan's Estimate, or the EstimateError that says why there is none."""
-        from memdoctor.predict.estimate import EstimateError
         key = str(plan)
         if key not in self._done:
             future = self._futures.pop(key, None)
@@ -360,12 +364,10 @@ def plan_for_budget(model_name_or_build: str | Callable, batch: int, seq: int | 
     limit): the fitting ones first (the plain plan if it fits, then by cost, then by peak),
     then the rest by predicted peak. `model_name_or_build`: a memdoctor.predict.models name,
     or a build() as memdoctor.predict.estimate.estimate_built takes (at `batch`). `config`: more
-    estimate_config options (image_size, optimizer, device). `candidates`: plans (or their
+    memdoctor.predict.config.estimate_config options (image_size, optimizer, device). `candidates`: plans (or their
     strings) to consider instead of the whole search space. `verify`: how many of the first
     fitting plans get a direct estimate (derived figures run up to ~6% high on the reserved
     peak, measured on the H200; the first few are the ones users apply)."""
-    from memdoctor.predict.estimate import EstimateError, estimate_built, estimate_config
-
     if batch < 1:
         raise ValueError("batch must be at least 1")
     if world_size < 1:
@@ -418,7 +420,6 @@ def _rank_and_verify(plans: list[Plan], keys: list[tuple], base_of: Callable, es
     """The candidates from the structural estimates, ranked by predicted step time; the first
     `verify` fitting ones, and cheaper ones that may fit (to_check), then estimated directly,
     in parallel, a round at a time until the lead holds."""
-    from memdoctor.predict.estimate import EstimateError
     # costs are against the plain plan (or, if it could not be estimated, the first that could)
     plain = (None, None, None)
     ref_key = next((k for k in ([plain] if plain in keys else []) + keys if base_of(k) is not None), None)

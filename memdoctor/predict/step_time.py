@@ -13,7 +13,7 @@ forward's ops and FLOPs; bf16 autocast moves the matmuls to the 16-bit rate and 
 The two times overlap imperfectly, so they are combined as a smooth maximum (a p-norm).
 
 The machine constants are fitted to step times measured on an H200 with torch 2.11
-(benchmarks/step_time_fit.py; the fit and its errors are in benchmarks/results/step_time_fit.md).
+(benchmarks/step_time_fit.py; the fit and its errors are in benchmarks/results/step_time_fit_*.json).
 What the model misses, measured: blockwise 8-bit states stepped 9-18% slower than bf16
 states with micro-batches, and as fast with full checkpointing (the planner adds x1.05).
 They rank plans; the absolute seconds are a guide for that GPU only.
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from memdoctor.cuda.kernels.adamw_math import STATE_DTYPES, state_bytes_per_param
 from memdoctor.remedies.checkpointing import POLICY_CALLS
 
 __all__ = ["Work", "WorkCounter", "Machine", "H200", "step_seconds", "part_seconds", "fused_step_work",
@@ -100,7 +101,6 @@ class WorkCounter:
         return {"compute": parts.get("compute", Work()), "optimizer": parts.get("optimizer", Work())}
 
 
-STATE_BYTES = {"fp32": 8.0, "bf16": 4.0, "int8": 2.0 + 8.0 / 256}   # a parameter's two moments
 SWAP_STATE = {"adamw-bf16": "bf16", "adamw-8bit": "int8", "in-backward": "fp32", "in-backward-8bit": "int8"}
 
 
@@ -109,7 +109,8 @@ def fused_step_work(state_dtype: str, numel: int, param_bytes: int, tensors: int
     """The work of memdoctor's FusedAdamW step: each parameter written with its two moments;
     one launch per parameter dtype, or per parameter when it steps in backward (where its
     work then counts)."""
-    written = param_bytes + numel * STATE_BYTES.get(state_dtype, 8.0)
+    per_param = state_bytes_per_param(state_dtype) if state_dtype in STATE_DTYPES else 8.0
+    written = param_bytes + numel * per_param
     launches = tensors if in_backward else dtypes
     return ("compute" if in_backward else "optimizer"), Work(0, launches, 0, 0.0, 0.0, written)
 
@@ -158,8 +159,8 @@ class Machine:
     overlap_p: float          # the smooth maximum's exponent (large: perfect overlap)
 
 
-# fitted by benchmarks/step_time_fit.py to GPU passes 18, 21 and 23 (22 step times of GPT-2
-# 1.5B plans: median error 5%, worst -19%; benchmarks/results/step_time_fit.md)
+# fitted by benchmarks/step_time_fit.py to 22 step times of GPT-2 1.5B plans on an H200
+# (median error 5%, worst -19%; benchmarks/results/step_time_fit_cpu2_2026-12-01.json)
 H200 = Machine("H200, torch 2.11", op_seconds=3.55e-6, launch_seconds=231e-6, mode_op_seconds=66e-6,
                flops16=613e12, flops32=49e12, bytes_per_s=1.3e12, overlap_p=4.0)
 

@@ -12,8 +12,8 @@ from memdoctor.remedies.plan import Plan
 _LAZY = {
     "prepare": "step",
     "Prepared": "step",
-    "swap_optimizer": "step",
-    "apply_zero": "step",
+    "swap_optimizer": "optimizers",
+    "apply_zero": "zero",
     "Handle": "_handle",
     "autocast": "precision",
     "grad_scaler": "precision",

@@ -4,11 +4,18 @@ A checkpointed block keeps only its inputs through the forward and recomputes it
 activations during backward: activation memory drops from all blocks' saved tensors to their
 inputs, at the cost of about one more forward. Selective checkpointing keeps the outputs of
 the expensive ops (matmuls, attention, convolutions) and recomputes only the cheap ones.
+
+When the repeated "blocks" are single layers of a flat nn.Sequential (Conv, BN, ReLU, Conv,
+...), checkpointing a layer alone saves nothing (it keeps its input, which it saved anyway):
+the unit is then a segment of consecutive layers, from one repeated layer up to the next,
+as torch.utils.checkpoint.checkpoint_sequential runs them.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from dataclasses import dataclass
 from typing import Callable, Sequence, Union
 
 import torch
@@ -105,26 +112,125 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if is_list == want_list and len(group) > len(best):
                 best = group
         if best:
-            return best
+            # the same block in several lists (a ResNet's stages, T5's encoder and decoder)
+            kind = type(best[0][1])
+            return [m for is_list, group in outer if is_list == want_list and type(group[0][1]) is kind
+                    for m in group]
     return []
+
+
+@dataclass
+class Unit:
+    """What one checkpoint covers: a block (`module`), or the layers `start`..`stop`-1
+    of the flat nn.Sequential `parent`."""
+    name: str
+    module: nn.Module | None = None
+    parent: nn.Sequential | None = None
+    start: int = 0
+    stop: int = 0
+
+
+def checkpoint_units(model: nn.Module) -> list[Unit]:
+    """What `apply_checkpointing` checkpoints: the repeated blocks (find_blocks), or, when
+    those are single layers of a flat nn.Sequential, segments of it, one from each
+    repeated layer up to the next (the first takes the layers before it too, the last the
+    layers after). Raises ValueError when the repeated layers sit in a hand-written forward,
+    where no segment can be cut."""
+    blocks = find_blocks(model)
+    if not blocks or any(next(m.children(), None) is not None for _, m in blocks):
+        return [Unit(name, module) for name, module in blocks]
+    modules = dict(model.named_modules())
+    by_parent: dict[str, list[int]] = {}
+    for name, _ in blocks:
+        parent, _, index = name.rpartition(".")
+        by_parent.setdefault(parent, []).append(int(index) if index.isdigit() else -1)
+    units: list[Unit] = []
+    for parent_name, indices in by_parent.items():
+        parent = modules.get(parent_name)
+        if not isinstance(parent, nn.Sequential) or type(parent).forward is not nn.Sequential.forward \
+                or min(indices) < 0:
+            raise ValueError(f"the repeated layers of {type(model).__name__} ({blocks[0][0]}, ...) are single "
+                             "layers called by a hand-written forward: checkpointing one alone saves nothing")
+        starts = sorted(indices)
+        starts[0] = 0
+        stops = starts[1:] + [len(parent)]
+        prefix = f"{parent_name}." if parent_name else ""
+        units += [Unit(f"{prefix}{a}" if b - a == 1 else f"{prefix}{a}..{b - 1}", None, parent, a, b)
+                  for a, b in zip(starts, stops)]
+    return units
 
 
 def is_checkpointed(module: nn.Module) -> bool:
     return getattr(module.__dict__.get("forward"), _MARK, False)
 
 
-def _checkpointed(forward: Callable, context_fn: Callable | None) -> Callable:
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+@contextlib.contextmanager
+def _running_stats_kept(modules: Sequence[nn.Module]):
+    """A recompute runs batch norms in training mode again, which would update their
+    running statistics a second time: put them back as the forward left them."""
+    saved = [(buf, buf.clone()) for mod in modules for m in mod.modules()
+             if isinstance(m, nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats
+             for buf in (m.running_mean, m.running_var, m.num_batches_tracked) if buf is not None]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buf, value in saved:
+                buf.copy_(value)
+
+
+def _recomputable(forward: Callable, modules: Sequence[nn.Module]) -> Callable:
+    """`forward`, which in backward (the recompute) leaves batch-norm statistics alone."""
+    def run(*args, **kwargs):
+        if not _in_backward():
+            return forward(*args, **kwargs)
+        with _running_stats_kept(modules):
+            return forward(*args, **kwargs)
+    return run
+
+
+def _checkpointed(forward: Callable, context_fn: Callable | None, module: nn.Module | None = None) -> Callable:
     extra = {} if context_fn is None else {"context_fn": context_fn}
+    inner = forward if module is None else _recomputable(forward, [module])
 
     def run(*args, **kwargs):
         if not torch.is_grad_enabled():  # evaluation: nothing is saved, nothing to recompute
             return forward(*args, **kwargs)
-        fn = functools.partial(forward, **kwargs) if kwargs else forward
+        fn = functools.partial(inner, **kwargs) if kwargs else inner
         return checkpoint(fn, *args, use_reentrant=False, **extra)
 
     run.__wrapped__ = forward
     setattr(run, _MARK, True)
     return run
+
+
+def _segmented(parent: nn.Sequential, units: list[Unit], chosen: set[int], context_fn: Callable | None) -> Callable:
+    """A forward for the flat nn.Sequential `parent` that runs its `units` (segments
+    covering it in order), the `chosen` ones under checkpoint."""
+    extra = {} if context_fn is None else {"context_fn": context_fn}
+    layers = list(parent)
+
+    def segment(unit: Unit) -> Callable:
+        def run(x):
+            for layer in layers[unit.start:unit.stop]:
+                x = layer(x)
+            return x
+        return _recomputable(run, layers[unit.start:unit.stop])
+    runs = [segment(u) for u in units]
+
+    def forward(x):
+        if not torch.is_grad_enabled():
+            return nn.Sequential.forward(parent, x)
+        for i, run in enumerate(runs):
+            x = checkpoint(run, x, use_reentrant=False, **extra) if i in chosen else run(x)
+        return x
+
+    setattr(forward, _MARK, True)
+    return forward
 
 
 def _turn_off_kv_caches(model: nn.Module) -> list:
@@ -154,8 +260,9 @@ def apply_checkpointing(
 ) -> Handle:
     """Checkpoint the model's blocks: "full", "selective", or an int n for the first n blocks.
 
-    `blocks` overrides `find_blocks(model)`. The blocks' `forward` is wrapped per instance,
-    so undo restores exactly what was there.
+    The units are `checkpoint_units(model)` (blocks, or segments of a flat Sequential);
+    `blocks` overrides them with modules of your choosing. The blocks' `forward` (a flat
+    Sequential's own) is wrapped per instance, so undo restores exactly what was there.
     """
     if mode == "full" or mode == "selective":
         count = None
@@ -163,19 +270,25 @@ def apply_checkpointing(
         count = mode
     else:
         raise ValueError(f"checkpointing mode must be 'full', 'selective' or a block count >= 0, not {mode!r}")
-    found = list(find_blocks(model) if blocks is None else blocks)
+    found = checkpoint_units(model) if blocks is None else [Unit(n, m) for n, m in blocks]
     if not found:
         raise ValueError(f"no repeated blocks found in {type(model).__name__}; pass blocks=[(name, module), ...]")
     chosen = found if count is None else found[:count]
-    for name, block in chosen:
-        if is_checkpointed(block):
-            raise ValueError(f"{name} is already checkpointed")
+    for unit in chosen:
+        if is_checkpointed(unit.module or unit.parent):
+            raise ValueError(f"{unit.name} is already checkpointed")
     context_fn = selective_context if mode == "selective" else None
     wrapped = []
-    for _, block in chosen:
-        had_own = "forward" in block.__dict__
-        wrapped.append((block, had_own, block.__dict__.get("forward")))
-        block.forward = _checkpointed(block.forward, context_fn)
+    for unit in chosen:
+        if unit.module is not None:
+            block = unit.module
+            wrapped.append((block, "forward" in block.__dict__, block.__dict__.get("forward")))
+            block.forward = _checkpointed(block.forward, context_fn, block)
+    for parent in {id(u.parent): u.parent for u in chosen if u.parent is not None}.values():
+        units = [u for u in found if u.parent is parent]
+        picked = {i for i, u in enumerate(units) if any(u is c for c in chosen)}
+        wrapped.append((parent, "forward" in parent.__dict__, parent.__dict__.get("forward")))
+        parent.forward = _segmented(parent, units, picked, context_fn)
     caches = _turn_off_kv_caches(model) if chosen else []
 
     def undo() -> None:
@@ -188,9 +301,10 @@ def apply_checkpointing(
                 del block.forward
 
     kind = "selective" if mode == "selective" else "full"
-    names = f"{chosen[0][0]} .. {chosen[-1][0]}" if chosen else "none"
+    what = "segments of layers" if found[0].parent is not None else "blocks"
+    names = (chosen[0].name if len(chosen) == 1 else f"{chosen[0].name} .. {chosen[-1].name}") if chosen else "none"
     cache_note = ", key/value cache off" if caches else ""
-    handle = Handle(f"{kind} checkpointing of {len(chosen)} of {len(found)} blocks ({names}){cache_note}", undo)
+    handle = Handle(f"{kind} checkpointing of {len(chosen)} of {len(found)} {what} ({names}){cache_note}", undo)
     log.info("memdoctor: %s", handle.description)
     return handle
 
@@ -200,6 +314,7 @@ def predicted_peak(
     other_peak_bytes: int,
     checkpointed: int,
     input_bytes: Sequence[int],
+    recompute_extra_bytes: Sequence[int] | None = None,
 ) -> int:
     """Peak with the first `checkpointed` blocks checkpointed.
 
@@ -209,12 +324,15 @@ def predicted_peak(
     recomputed tensors, its input among them, are live). So checkpointing the last block
     never lowers the peak: it is recomputed as soon as backward starts. `other_peak_bytes`
     is counted at both moments, which is conservative when the rest of the peak comes at
-    another moment.
+    another moment. `recompute_extra_bytes` (per block, default none) is what a block's
+    forward holds for a moment beyond what it saves (a batch norm's output before the ReLU
+    after it), which its recompute holds on top of the rest.
     """
     saved = list(per_block_saved_bytes)
+    extra = list(recompute_extra_bytes) if recompute_extra_bytes is not None else [0] * len(saved)
     n = checkpointed
     at_backward = sum(input_bytes[:n]) + sum(saved[n:])
-    at_recompute = max((sum(input_bytes[:i]) + saved[i] for i in range(n)), default=0)
+    at_recompute = max((sum(input_bytes[:i]) + saved[i] + extra[i] for i in range(n)), default=0)
     return other_peak_bytes + max(at_backward, at_recompute)
 
 

@@ -10,9 +10,9 @@ chunk only, at the cost of one more projection matmul.
     loss = chunked_cross_entropy(hidden, model.head.weight, targets, chunks=8)
 
 (An autograd Function rather than torch.utils.checkpoint around each chunk: checkpoint's
-early stop ends a recompute by raising through the loss's ops, and on CUDA under
-memdoctor.watch with torch 2.11 that exception was lost in backward as a SystemError -
-benchmarks/chunked_ce_cuda_probe.py. The Function recomputes nothing but the matmul.)
+early stop ends a recompute by raising through the loss's ops, and on CUDA with torch 2.11,
+while the allocator history records Python stacks at frees, that exception is lost in
+backward as a SystemError. The Function recomputes nothing but the matmul.)
 """
 from __future__ import annotations
 

@@ -7,9 +7,11 @@ the script's own objects pass by:
 - "bf16" / "fp16": autocast around every top-level module forward (a global forward
   pre-hook enters it, the matching post-hook leaves it). fp16 gets no loss scaler: that
   needs the script's own backward call, so this is a memory what-if, not a recipe.
-- "ckpt=full" / "ckpt=selective" / "ckpt=N": at the first forward pre-hook of the first
-  root module seen (a top-level module with parameters), its repeated blocks
-  (checkpointing.find_blocks) are checkpointed, before its forward runs.
+- "ckpt=full" / "ckpt=selective" / "ckpt=N": at the first forward pre-hook of the root
+  module (a top-level module with parameters) whose activations filled the memory in the
+  run as written (`activation_root`: the Generator of a GAN, not the Discriminator called
+  first), else of the first root seen, its repeated blocks (checkpointing.checkpoint_units:
+  blocks, or segments of a flat nn.Sequential) are checkpointed, before its forward runs.
 - "opt=fused": at each optimizer's first step pre-hook, its param_groups (and defaults)
   switch in place to fused=True where the class and the parameters' device have a fused
   kernel, else to foreach=False; torch reads these flags at every step, so the script's
@@ -123,9 +125,10 @@ class Injection:
     """The installed hooks of one `injected(plan)`; `applied` says what was done, in
     words, and `problems` what could not be."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, target: str | None = None) -> None:
         check_injectable(plan)
         self.plan = plan
+        self.target = target                    # the class of the root to checkpoint; None: the first
         self.applied: list[str] = []
         self.problems: list[str] = []
         self._handles: list = []
@@ -213,6 +216,8 @@ class Injection:
             self._done_roots = True
             return
         from memdoctor.remedies.checkpointing import apply_checkpointing, find_blocks
+        if self.target is not None and type(module).__name__ != self.target:
+            return
         if not find_blocks(module):
             return
         try:
@@ -221,15 +226,18 @@ class Injection:
             self.problems.append(f"ckpt={self.plan.checkpointing} not applied to {type(module).__name__}: {exc}")
         else:
             self._undo.append(handle.undo)
-            self.applied.append(f"{handle.description} of {type(module).__name__}")
+            why = " (its activations filled the memory as written)" if self.target else ""
+            self.applied.append(f"{handle.description} of {type(module).__name__}{why}")
         self._done_roots = True
 
     def finish(self) -> None:
         """Say what waited for a module that never came."""
         if self.plan.checkpointing is not None and not self._done_roots:
             seen = ", ".join(sorted(set(self._tried.values()))) or "none ran"
-            self.problems.append(f"ckpt={self.plan.checkpointing} not applied: no top-level module with repeated "
-                                 f"blocks (top-level modules with parameters: {seen})")
+            which = f"{self.target}, whose activations filled the memory, ran" if self.target else \
+                "top-level module with repeated blocks"
+            self.problems.append(f"ckpt={self.plan.checkpointing} not applied: no {which} "
+                                 f"(top-level modules with parameters: {seen})")
 
     # ---- optimizer -----------------------------------------------------------------------
     def _step_pre(self, optimizer, args, kwargs):
@@ -331,18 +339,41 @@ def _restore(mapping: dict, old: dict) -> None:
             mapping[key] = value
 
 
+def activation_root(run) -> str | None:
+    """The top-level module (its class name) whose forward passes made most of the
+    activations alive at the OOM, else at the peak; None when no forward saved any."""
+    import bisect
+
+    from memdoctor.attribution import live_blocks, peak
+    calls = sorted((c["seq_start"], c["seq_end"] if c.get("seq_end") is not None else run.num_events, c["module"])
+                   for c in run.meta.get("forward_calls", []))
+    if not calls:
+        return None
+    seq = max(run.ooms[0].seq - 1, 0) if run.ooms else peak(run)[0]
+    starts = [start for start, _, _ in calls]
+    by_root: dict[str, int] = {}
+    for b in live_blocks(run, seq):
+        if b.category != "activations":
+            continue
+        i = bisect.bisect_right(starts, b.alloc_seq) - 1
+        if i >= 0 and b.alloc_seq < calls[i][1]:
+            by_root[calls[i][2]] = by_root.get(calls[i][2], 0) + b.nbytes
+    return max(by_root, key=by_root.get) if by_root else None
+
+
 @contextlib.contextmanager
-def injected(plan: Plan | str) -> Iterator[Injection]:
+def injected(plan: Plan | str, target: str | None = None) -> Iterator[Injection]:
     """Install the hooks that apply `plan` to whatever the code inside creates and runs;
     removed, and what they changed undone, on exit. Only what `check_injectable` allows;
-    allocator settings need a new process (see `compare`)."""
+    allocator settings need a new process (see `compare`). `target`: the class name of
+    the top-level module to checkpoint (activation_root); None: the first with blocks."""
     if isinstance(plan, str):
         fix = parse_fix(plan)
         if fix.allocator:
             raise FixError(f"{', '.join(fix.allocator)} must be set before CUDA starts: run in a new process "
                            f"with {ALLOC_ENV} set (compare() does)")
         plan = fix.plan
-    injection = Injection(plan)
+    injection = Injection(plan, target)
     injection.install()
     try:
         yield injection
@@ -367,17 +398,19 @@ def compare(script: str, args: list[str] | None, fix: Fix | str, budget=None, so
     or when the fix sets allocator options. The script's output goes where stdout goes."""
     import gc
 
-    from memdoctor.capture.session import pick_source, trace_script
+    from memdoctor.capture.script import trace_script
+    from memdoctor.capture.session import pick_source
     fix = parse_fix(fix) if isinstance(fix, str) else fix
     check_here(fix.plan)
     args = list(args or [])
     before = trace_script(script, args, budget=budget, source=source).run
     gc.collect()
+    target = activation_root(before) if fix.plan.checkpointing is not None else None
     # the CUDA caching allocator keeps what the first run reserved: the after starts afresh
     if fix.allocator or pick_source(source) == "allocator":
-        after, applied, problems = _after_in_new_process(script, args, fix, budget, source)
+        after, applied, problems = _after_in_new_process(script, args, fix, budget, source, target)
     else:
-        with injected(fix.plan) as injection:
+        with injected(fix.plan, target) as injection:
             after = trace_script(script, args, budget=budget, source=source).run
         applied, problems = injection.applied, injection.problems
         if not applied and not problems:
@@ -385,7 +418,7 @@ def compare(script: str, args: list[str] | None, fix: Fix | str, budget=None, so
     return Tried(fix, before, after, applied, problems)
 
 
-def _after_in_new_process(script, args, fix: Fix, budget, source):
+def _after_in_new_process(script, args, fix: Fix, budget, source, target: str | None = None):
     """The 'after' run in `python -m memdoctor.remedies.inject` with the fix's environment;
     the script's output goes where ours goes now."""
     import torch
@@ -402,6 +435,8 @@ def _after_in_new_process(script, args, fix: Fix, budget, source):
                "--source", source, "--out", out, "--plan", str(fix.plan)]
         if budget is not None:
             cmd += ["--budget", str(int(budget))]
+        if target is not None:
+            cmd += ["--target", target]
         proc = subprocess.run([*cmd, "--", *args], env=env, stdout=stdout)
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"the 'after' run in a new process failed (exit {proc.returncode})")
@@ -420,7 +455,7 @@ def _main(argv: list[str] | None = None) -> int:
     save the run to --out and what was injected to --out.json; 0 unless memdoctor failed."""
     import argparse
 
-    from memdoctor.capture.session import trace_script
+    from memdoctor.capture.script import trace_script
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: list[str] = []
     if "--" in argv:
@@ -432,68 +467,19 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int)
     p.add_argument("--source", default="auto")
     p.add_argument("--out", required=True)
+    p.add_argument("--target", help="the class of the top-level module to checkpoint")
     ns = p.parse_args(argv)
     plan = Plan.parse(ns.plan)
     if plan.is_empty():
         run, applied, problems = trace_script(ns.script, script_args, budget=ns.budget, source=ns.source).run, [], []
     else:
-        with injected(plan) as injection:
+        with injected(plan, ns.target) as injection:
             run = trace_script(ns.script, script_args, budget=ns.budget, source=ns.source).run
         applied, problems = injection.applied, injection.problems
     run.save(ns.out)
     with open(ns.out + ".json", "w") as fh:
         json.dump({"applied": applied, "problems": problems}, fh)
     return 0
-
-
-def summary(run, facts, findings) -> dict:
-    """One side of the before/after table."""
-    first = findings[0] if findings else None
-    return {
-        "peak_bytes": int(facts.peak_bytes),
-        "oom": bool(run.ooms),
-        "exit_code": run.meta.get("exit_code"),
-        "error": run.meta.get("script_error"),
-        "first_finding": None if first is None else {
-            "rule": first.rule, "title": first.title, "accounts_for_bytes": int(first.accounts_for_bytes)},
-    }
-
-
-def comparison_json(tried: Tried, before: dict, after: dict, budget) -> dict:
-    return {"version": 1, "fix": str(tried.fix), "budget_bytes": budget,
-            "before": before, "after": {**after, "injected": tried.applied, "not_injected": tried.problems}}
-
-
-def comparison_lines(data: dict, script: str) -> list[str]:
-    """before | after, side by side, then what was injected."""
-    from memdoctor.units import format_bytes
-    b, a = data["before"], data["after"]
-
-    def rule(side):
-        return side["first_finding"]["rule"] if side["first_finding"] else "none"
-
-    def result(side):
-        if side["oom"]:
-            return "out of memory"
-        return "ran" if side["exit_code"] in (0, None) else f"failed (exit {side['exit_code']})"
-    budget = f" within {format_bytes(data['budget_bytes'])}" if data.get("budget_bytes") else ""
-    rows = [("", "before", f"after --try {data['fix']}"),
-            ("peak", format_bytes(b["peak_bytes"]), format_bytes(a["peak_bytes"])),
-            ("OOM", "yes" if b["oom"] else "no", "yes" if a["oom"] else "no"),
-            ("result", result(b), result(a)),
-            ("first finding", rule(b), rule(a))]
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    lines = [f"memdoctor: {os.path.basename(script)}{budget}, as written and with {data['fix']} injected"]
-    lines += [f"  {r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}" for r in rows]
-    for side, label in ((b, "before"), (a, "after")):
-        if side["first_finding"]:
-            lines.append(f"  {label}: {side['first_finding']['rule']}: {side['first_finding']['title']}")
-        if side["error"] and not side["oom"]:
-            lines.append(f"  {label}: the script failed: {side['error']}")
-    lines += [f"  injected: {line}" for line in a.get("injected", [])]
-    lines += [f"  not injected: {line}" for line in a.get("not_injected", [])]
-    return lines
 
 
 if __name__ == "__main__":

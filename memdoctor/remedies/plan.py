@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from typing import Union
 
 PRECISIONS = ("bf16", "fp16", "bf16-true")
+# the frameworks' names for the same precisions (Lightning's Trainer(precision=...))
+PRECISION_ALIASES = {"bf16-mixed": "bf16", "16-mixed": "fp16", "fp16-mixed": "fp16"}
 CHECKPOINT_MODES = ("full", "selective")
 OPTIMIZERS = ("fused", "adamw-8bit", "adamw-bf16", "in-backward", "in-backward-8bit")
 ZERO_STAGES = (1, 2, 3)
 
 _FORMS = (
-    "bf16 | fp16 | bf16-true, ckpt=full|selective|N, micro=N|auto, "
+    "bf16 | fp16 | bf16-true (or bf16-mixed, 16-mixed), ckpt=full|selective|N, micro=N|auto, "
     f"opt={'|'.join(OPTIMIZERS)}, zero={'|'.join(map(str, ZERO_STAGES))}"
 )
 
@@ -28,8 +30,9 @@ class Plan:
     """A combination of remedies; None everywhere means "change nothing".
 
     precision: "bf16"/"fp16" autocast (fp16 with a loss scaler), "bf16-true" bf16 weights
-    with fp32 master copies. checkpointing: "full", "selective", or the number of leading
-    blocks to checkpoint. micro_batch: samples per micro-batch, or "auto" (halve on OOM).
+    with fp32 master copies (Lightning's "bf16-mixed" and "16-mixed" are read as bf16 and
+    fp16). checkpointing: "full", "selective", or the number of leading blocks to
+    checkpoint. micro_batch: samples per micro-batch, or "auto" (halve on OOM).
     optimizer: an optimizer swap. zero: a ZeRO stage.
     """
 
@@ -40,6 +43,8 @@ class Plan:
     zero: Union[int, None] = None
 
     def __post_init__(self) -> None:
+        if self.precision in PRECISION_ALIASES:
+            object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision])
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS} or None, not {self.precision!r}")
         ckpt = self.checkpointing
@@ -104,6 +109,8 @@ class Plan:
                 value = _int_or_word(value, (), item)
             else:
                 raise ValueError(f"unknown item {item!r} in plan {text!r}; accepted: {_FORMS}")
+            if key == "precision":
+                value = PRECISION_ALIASES.get(value, value)
             if key == "precision" and value not in PRECISIONS:
                 raise ValueError(f"unknown item {item!r} in plan {text!r}; accepted: {_FORMS}")
             if key in fields:
@@ -115,6 +122,6 @@ class Plan:
 def _int_or_word(value: str, words: tuple[str, ...], item: str) -> object:
     if value in words:
         return value
-    if value.isdigit():
+    if value.isascii() and value.isdigit() and len(value) <= 18:   # "²" is a digit to str.isdigit
         return int(value)
-    raise ValueError(f"bad value in {item!r}; accepted: {_FORMS}")
+    raise ValueError(f"bad value in {item[:40]!r}; accepted: {_FORMS}")

@@ -7,7 +7,6 @@ then checkpointing (wraps the blocks' forward, in whatever dtype), then the opti
 """
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
@@ -17,50 +16,11 @@ from torch import nn
 from memdoctor.remedies._handle import Handle
 from memdoctor.remedies.autobatch import AutoMicroBatch, oom_proof_accumulate
 from memdoctor.remedies.checkpointing import apply_checkpointing
-from memdoctor.remedies.fused import use_fused_optimizer
 from memdoctor.remedies.microbatch import LossFn, accumulate_gradients
 from memdoctor.remedies.plan import Plan
 from memdoctor.remedies.precision import Precision, apply_precision
 
 log = logging.getLogger("memdoctor")
-
-
-def swap_optimizer(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan) -> Handle:
-    """The optimizer remedy a plan names, from memdoctor.remedies.optimizers where that is
-    installed (it checks the swap against the plan's precision and micro-batching); the
-    handle's `.optimizer` is the one to train with."""
-    try:
-        optimizers = importlib.import_module("memdoctor.remedies.optimizers")
-    except ModuleNotFoundError as exc:
-        if exc.name != "memdoctor.remedies.optimizers":
-            raise
-        optimizers = None
-    if optimizers is not None and hasattr(optimizers, "swap_optimizer"):
-        _, handle = optimizers.swap_optimizer(
-            model, optimizer, name, precision=plan.precision, micro_batch=plan.micro_batch
-        )
-        return handle
-    if name == "fused":
-        return use_fused_optimizer(optimizer)
-    raise ValueError(
-        f"optimizer {name!r} comes from memdoctor.remedies.optimizers, which is not installed"
-    )
-
-
-def apply_zero(model: nn.Module, optimizer: torch.optim.Optimizer, stage: int, master_weights: bool = False) -> Handle:
-    """ZeRO from memdoctor.remedies.zero: `apply_zero(model, optimizer, stage=)` returning a
-    handle with `.undo()` and, when it replaces the optimizer, `.optimizer`."""
-    try:
-        zero = importlib.import_module("memdoctor.remedies.zero")
-    except ModuleNotFoundError as exc:
-        if exc.name != "memdoctor.remedies.zero":
-            raise
-        raise ValueError(f"zero={stage} needs memdoctor.remedies.zero, which is not installed") from None
-    if not hasattr(zero, "apply_zero"):
-        raise ValueError("memdoctor.remedies.zero has no apply_zero(model, optimizer, stage=)")
-    if master_weights:
-        return zero.apply_zero(model, optimizer, stage=stage, master_weights=True)
-    return zero.apply_zero(model, optimizer, stage=stage)
 
 
 def _device_type(model: nn.Module) -> str:
@@ -145,11 +105,14 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan | str
         handles.append(precision)
         if plan.checkpointing is not None:
             handles.append(apply_checkpointing(model, plan.checkpointing))
-        if plan.optimizer is not None:
-            handles.append(swap_optimizer(plan.optimizer, model, optimizer, plan))
-            optimizer = handles[-1].optimizer
-        if plan.zero is not None:
-            handles.append(apply_zero(model, optimizer, plan.zero, master_weights=zero_masters))
+        if plan.optimizer is not None:     # imported here: the fused kernels import triton
+            from memdoctor.remedies.optimizers import swap_optimizer
+            optimizer, handle = swap_optimizer(model, optimizer, plan.optimizer, precision=plan.precision,
+                                               micro_batch=plan.micro_batch)
+            handles.append(handle)
+        if plan.zero is not None:          # imported here: torch.distributed
+            from memdoctor.remedies.zero import apply_zero
+            handles.append(apply_zero(model, optimizer, stage=plan.zero, master_weights=zero_masters))
             optimizer = getattr(handles[-1], "optimizer", optimizer)
             if precision.scaler is not None and hasattr(handles[-1], "sharded_grad_scaler"):
                 # each rank checks only its shard for inf: the ranks must agree to skip a step

@@ -1,10 +1,10 @@
 """Live-memory curves of a Run as arrays, and downsampling that keeps what matters exact.
 
-A long run has millions of events; a chart needs a few thousand points. The curves are
-computed in one pass over the events (numpy cumulative sums, one array per category), never
-by a breakdown per sample. Downsampling keeps, per bucket of events, the lowest and the
-highest total, plus the peak and every OOM (and the event before it), so the highest point
-drawn is the true peak and every OOM sits where it happened.
+A long run has millions of events; a chart needs a few thousand points. The curves come
+from attribution's LiveIndex (built once, then any event's categories by binary search),
+never from a breakdown per sample. Downsampling keeps, per bucket of events, the lowest and
+the highest total, plus the peak and every OOM (and the event before it), so the highest
+point drawn is the true peak and every OOM sits where it happened.
 """
 from __future__ import annotations
 
@@ -12,22 +12,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memdoctor.run import CATEGORIES, Action, Category, Run
+from memdoctor.attribution import LiveIndex
+from memdoctor.run import CATEGORIES, Category, Run
 
 DEFAULT_MAX_POINTS = 5_000
-_OTHER = CATEGORIES.index(Category.OTHER.value)
+_OTHER = Category.OTHER.value
 
 
 @dataclass
 class Curves:
-    """Live bytes after each event: `total[i]` and, per category, `category_delta` summed."""
-    total: np.ndarray                 # int64, one value per event
-    delta: np.ndarray                 # int64, the change each event makes
-    codes: np.ndarray                 # int8, the category index of each event's block
+    """What the charts draw from: live bytes after each event, in total and per category;
+    the seven categories of the contract (any other a block names counts as other)."""
+    live: LiveIndex
+
+    @property
+    def total(self) -> np.ndarray:
+        """int64, the live total after each event."""
+        return self.live.curve
 
     @property
     def num_events(self) -> int:
-        return int(self.total.shape[0])
+        return self.live.num_events
 
     def peak(self) -> tuple[int, int]:
         """(seq, bytes) of the first highest total, as attribution.peak gives it."""
@@ -37,14 +42,11 @@ class Curves:
         return seq, max(int(self.total[seq]), 0)
 
     def categories_at(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        """Live bytes per category at the given event indices: one cumulative sum per category."""
-        out = {}
-        for k, name in enumerate(CATEGORIES):
-            mask = self.codes == k
-            if not mask.any():
-                out[name] = np.zeros(len(idx), dtype=np.int64)
-                continue
-            out[name] = np.cumsum(np.where(mask, self.delta, 0))[idx]
+        """Live bytes per category at the given event indices."""
+        got = self.live.categories_at(idx)
+        out = {name: got[name] for name in CATEGORIES}
+        for name in self.live.categories[len(CATEGORIES):]:
+            out[_OTHER] = out[_OTHER] + got[name]
         return out
 
     def by_category_at(self, seq: int) -> dict[str, int]:
@@ -55,39 +57,8 @@ class Curves:
 
 
 def curves(run: Run) -> Curves:
-    """The live curves of a run in O(events)."""
-    n = run.num_events
-    if n == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return Curves(empty, empty, np.zeros(0, dtype=np.int8))
-    actions = np.fromiter(run.actions, dtype=np.int8, count=n)
-    nbytes = np.fromiter(run.event_bytes, dtype=np.int64, count=n)
-    delta = np.where(actions == Action.ALLOC, nbytes, np.where(actions == Action.FREE, -nbytes, 0))
-    codes = _event_codes(run, n)
-    return Curves(np.cumsum(delta), delta, codes)
-
-
-def _event_codes(run: Run, n: int) -> np.ndarray:
-    """Category index of each event's block (OTHER for OOM events and unknown blocks)."""
-    event_blocks = np.fromiter(run.event_blocks, dtype=np.int64, count=n)
-    if not run.blocks:
-        return np.full(n, _OTHER, dtype=np.int8)
-    index = {c: i for i, c in enumerate(CATEGORIES)}
-    ids = np.fromiter(run.blocks.keys(), dtype=np.int64, count=len(run.blocks))
-    cats = np.fromiter((index.get(b.category, _OTHER) for b in run.blocks.values()),
-                       dtype=np.int8, count=len(run.blocks))
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo >= 0 and hi < 4 * len(ids) + 4096:          # dense ids: a lookup table
-        table = np.full(hi + 1, _OTHER, dtype=np.int8)
-        table[ids] = cats
-        inside = (event_blocks >= 0) & (event_blocks <= hi)
-        codes = np.full(n, _OTHER, dtype=np.int8)
-        codes[inside] = table[event_blocks[inside]]
-        return codes
-    order = np.argsort(ids)                           # sparse ids: a sorted search
-    ids, cats = ids[order], cats[order]
-    pos = np.clip(np.searchsorted(ids, event_blocks), 0, len(ids) - 1)
-    return np.where(ids[pos] == event_blocks, cats[pos], _OTHER).astype(np.int8)
+    """The live curves of a run."""
+    return Curves(LiveIndex.from_run(run))
 
 
 def pick_indices(total: np.ndarray, max_points: int = DEFAULT_MAX_POINTS,

@@ -1,11 +1,7 @@
-"""What the TUI reads: a Run's blocks as numpy columns, indexed once so that any instant's
-breakdown costs O(log n) and no key press scans all blocks.
-
-For each category the alloc seqs and the free seqs of its blocks are sorted once with the
-running sum of their bytes; the live bytes of that category just after event `seq` are
-then two binary searches: (bytes allocated at or before seq) - (bytes freed at or before
-seq). That is `attribution.breakdown_at`'s rule (alloc_seq <= seq < free_seq) without
-walking the blocks. No textual and no torch here.
+"""What the TUI reads: a Run's blocks as numpy columns on top of attribution's LiveIndex,
+so that any instant's breakdown costs O(log n) and no key press scans all blocks; plus
+what the screens show of the blocks (names, modules, shapes) and the curve per column.
+No textual and no torch here.
 """
 from __future__ import annotations
 
@@ -15,10 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from memdoctor.attribution import module_of
-from memdoctor.run import CATEGORIES, OOM, Mark, Run
-
-NEVER = np.iinfo(np.int64).max      # free_seq of a block that is never freed
+from memdoctor.attribution import LiveIndex, int_column, module_of
+from memdoctor.run import OOM, Mark, Run
 
 
 @dataclass
@@ -56,22 +50,12 @@ class _Owner:
         self.category, self.name, self.module = category, name, module
 
 
-def _int_array(values: Any, none: int) -> np.ndarray:
-    if isinstance(values, np.ndarray):
-        return values.astype(np.int64, copy=False)
-    return np.fromiter((none if v is None else v for v in values), dtype=np.int64, count=len(values))
-
-
-class RunIndex:
-    """Columns of a run's blocks plus the precomputed per-category cumulative arrays."""
+class RunIndex(LiveIndex):
+    """A run's live-bytes index plus the columns that say what each block is."""
 
     def __init__(self, header: Header, num_events: int, blocks: dict[str, Sequence]):
+        super().__init__(num_events, blocks["nbytes"], blocks["category"], blocks["alloc_seq"], blocks["free_seq"])
         self.header = header
-        self.num_events = n = int(num_events)
-        self.nbytes = _int_array(blocks["nbytes"], 0)
-        self.alloc = _int_array(blocks["alloc_seq"], 0)
-        free = _int_array(blocks["free_seq"], -1)
-        self.free = np.where(free < 0, NEVER, free)
         # what the tensors are (names, modules, ...) may arrive later: see attach()
         self.names: Sequence[str] | None = None
         self.modules: Sequence[str | None] | None = None
@@ -80,39 +64,6 @@ class RunIndex:
         self.steps: np.ndarray | None = None
         self.shapes: Sequence[list[int]] | None = None
         self.attach(blocks)
-        cats = blocks["category"]
-        self.categories: list[str] = list(CATEGORIES)
-        codes_of = {c: i for i, c in enumerate(self.categories)}
-        for c in sorted(set(cats) - set(codes_of), key=str):    # beyond the known seven
-            codes_of[c] = len(self.categories)
-            self.categories.append(c)
-        self.category_names = cats
-        self.codes = np.fromiter(map(codes_of.__getitem__, cats), dtype=np.int16, count=len(cats))
-
-        # per category: sorted alloc/free seqs and the running sums of their bytes
-        self._cum: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        for code in range(len(self.categories)):
-            mask = self.codes == code
-            a, f, b = self.alloc[mask], self.free[mask], self.nbytes[mask]
-            order = np.argsort(a, kind="stable")
-            a_sorted, a_cum = a[order], np.concatenate(([0], np.cumsum(b[order])))
-            freed = f != NEVER
-            f, fb = f[freed], b[freed]
-            order = np.argsort(f, kind="stable")
-            self._cum.append((a_sorted, a_cum, f[order], np.concatenate(([0], np.cumsum(fb[order])))))
-
-        # live bytes after each event, from the blocks (the same rule as breakdown_at)
-        delta = np.zeros(n + 1, dtype=np.int64)
-        inside = (self.alloc >= 0) & (self.alloc < n)
-        np.add.at(delta, self.alloc[inside], self.nbytes[inside])
-        gone = self.free < n
-        np.add.at(delta, self.free[gone], -self.nbytes[gone])
-        self.curve = np.cumsum(delta[:n]) if n else np.zeros(0, dtype=np.int64)
-        if n:
-            self.peak_seq = int(np.argmax(self.curve))
-            self.peak_bytes = int(self.curve[self.peak_seq])
-        else:
-            self.peak_seq, self.peak_bytes = 0, 0
         self._by_size = np.argsort(-self.nbytes, kind="stable")
         self._mark_seqs = [m.seq for m in header.marks]
 
@@ -128,7 +79,7 @@ class RunIndex:
         if "phase" in columns:
             self.phases = columns["phase"]
         if "step" in columns:
-            self.steps = _int_array(columns["step"], 0)
+            self.steps = int_column(columns["step"], 0)
         if "shape" in columns:
             self.shapes = columns["shape"]
 
@@ -149,22 +100,6 @@ class RunIndex:
         return cls(header, run.num_events, columns)
 
     # ---- instants -------------------------------------------------------------------
-    def clamp(self, seq: int) -> int:
-        return max(0, min(int(seq), self.num_events - 1)) if self.num_events else 0
-
-    def total_at(self, seq: int) -> int:
-        return int(self.curve[self.clamp(seq)]) if self.num_events else 0
-
-    def by_category(self, seq: int) -> dict[str, int]:
-        """Live bytes per category just after event seq: O(categories x log blocks)."""
-        out = {}
-        for name, (a, a_cum, f, f_cum) in zip(self.categories, self._cum):
-            out[name] = int(a_cum[np.searchsorted(a, seq, "right")] - f_cum[np.searchsorted(f, seq, "right")])
-        return out
-
-    def live_mask(self, seq: int) -> np.ndarray:
-        return (self.alloc <= seq) & (self.free > seq)
-
     def top(self, seq: int, k: int = 10) -> list[int]:
         """Rows of the k largest blocks alive at seq: walks the blocks by size, a chunk at a
         time, and stops as soon as it has k (the big ones are usually long-lived)."""

@@ -17,7 +17,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from memdoctor.run import FORMAT, OOM, VERSION, Block, Mark, Run, RunFileError, read_run_text
+from memdoctor.run import CATEGORIES, FORMAT, OOM, VERSION, Block, Mark, Run, RunFileError, read_run_text
+from memdoctor.runcheck import check_blocks, check_header
+from memdoctor.sanitize import printable, printable_column, printable_data
 from memdoctor.tui.index import Header, RunIndex
 
 _WS = " \t\n\r"
@@ -56,6 +58,8 @@ class Loaded:
             value = columns.get(name)
             if isinstance(value, _Slice):
                 columns[name] = _parse_slice(self.text, value, tick)
+                if value.kind == "strings":
+                    columns[name] = printable_column(columns[name])
                 if tick:
                     tick()
         if not any(isinstance(v, _Slice) for part in ("events", "blocks")
@@ -98,13 +102,32 @@ def load(path: str | os.PathLike, tick: Callable[[], None] | None = None) -> Loa
     except RunFileError:                # not a run file, or another version: said as it is
         raise
     except Exception:                   # not the layout we know: the careful reader decides
-        run = Run.load(path)
+        run = printable_run(Run.load(path))
         return Loaded(index=RunIndex.from_run(run), data={}, run=run)
     return Loaded(index=index, data=data, text=text)
 
 
 def from_run(run: Run) -> Loaded:
+    printable_run(run)
     return Loaded(index=RunIndex.from_run(run), data={}, run=run)
+
+
+def printable_run(run: Run) -> Run:
+    """The run's names, in place, passed through memdoctor.sanitize: what the screens and
+    the findings made from it show comes from a file and must not reach the terminal raw."""
+    for b in run.blocks.values():
+        b.name, b.dtype, b.device, b.phase = (printable(b.name), printable(b.dtype), printable(b.device),
+                                              printable(b.phase))
+        b.module = None if b.module is None else printable(b.module)
+    for item in (*run.marks, *run.ooms):
+        item.phase = printable(item.phase)
+        item.module = None if item.module is None else printable(item.module)
+    for o in run.ooms:
+        o.message = printable(o.message, newlines=True)
+    run.script = None if run.script is None else printable(run.script)
+    run.argv, run.device, run.meta = printable_data(run.argv), printable_data(run.device), printable_data(run.meta)
+    run.torch_version, run.sources = printable(run.torch_version), printable_data(run.sources)
+    return run
 
 
 def _index(data: dict[str, Any], text: str) -> RunIndex:
@@ -114,6 +137,9 @@ def _index(data: dict[str, Any], text: str) -> RunIndex:
         raise RunFileError("not a memdoctor run file")
     if data.get("version") != VERSION:
         raise RunFileError(f"run file version {data.get('version')!r} is not supported (expected {VERSION})")
+    for key in ("source", "device", "script", "argv", "torch_version", "marks", "ooms", "sources", "meta"):
+        if key in data:                 # shown as they are, and read by the findings
+            data[key] = printable_data(data[key])
     events, blocks = data["events"], data["blocks"]
     n = _count(events["action"], text)
     if not (n == _count(events["block"], text) == _count(events["bytes"], text)):
@@ -123,6 +149,8 @@ def _index(data: dict[str, Any], text: str) -> RunIndex:
     count = len(blocks["nbytes"])
     if any(len(blocks[k]) != count for k in OVERVIEW_COLUMNS):
         raise _Unexpected
+    check_header(data, n)               # a bad value: Run.load reads it again and says which
+    check_blocks({k: blocks[k] for k in OVERVIEW_COLUMNS}, n, CATEGORIES)
     header = Header(source=data["source"], device=data["device"] or {}, budget_bytes=data["budget_bytes"],
                     script=data["script"], argv=data["argv"], torch_version=data["torch_version"],
                     marks=[Mark(**m) for m in data["marks"]], ooms=[OOM(**o) for o in data["ooms"]],

@@ -1,13 +1,17 @@
-"""The TUI's own widgets: the live-bytes plot with its cursor, and small renderers."""
+"""The TUI's own widgets: the live-bytes plot with its cursor, the tabs, a loading line,
+and small renderers."""
 from __future__ import annotations
 
 import numpy as np
 from rich.table import Table
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
+from textual.widgets import LoadingIndicator, Static, TabbedContent, TabPane
 
 from memdoctor.units import format_bytes
 from memdoctor.tui.index import RunIndex
@@ -47,6 +51,38 @@ def category_table(by_category: dict[str, int], total: int, bar_width: int = 20,
                       Text(f"{100 * n / denom:.1f}%" if n else "-", style="" if n else "dim"))
     table.add_row(Text("total", style="bold"), "", Text(format_bytes(total), style="bold"), "")
     return table
+
+
+class Busy(Vertical):
+    """A loading indicator with a line saying what is being waited for."""
+
+    def __init__(self, message: str, *, id: str | None = None) -> None:
+        super().__init__(id=id, classes="busy")
+        self._message = message
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(self._message), classes="busy-message")     # Text: a path is no markup
+        yield LoadingIndicator()
+
+    def say(self, message: str | Text) -> None:
+        self.query_one(".busy-message", Static).update(Text(message) if isinstance(message, str) else message)
+
+    def fail(self, line: Text) -> None:
+        """Stop spinning and say why, with how to leave."""
+        self.query_one(LoadingIndicator).display = False
+        self.say(Text.assemble(line, "\n\npress q to quit"))
+
+
+class Panes(TabbedContent):
+    """TabbedContent that follows focus only while the focus is still in the pane: a focus
+    message that arrives after a quick switch onward would otherwise switch back."""
+
+    def _on_tab_pane_focused(self, event: TabPane.Focused) -> None:
+        event.stop()
+        event.prevent_default()
+        focused = self.app.focused
+        if event.tab_pane.id and focused is not None and event.tab_pane in focused.ancestors_with_self:
+            self.active = event.tab_pane.id
 
 
 class LivePlot(Widget, can_focus=True):

@@ -92,8 +92,8 @@ def test_activations_and_phases_present(gpt2_run):
 
 def test_checkpoint_early_stop_runs_under_the_allocator_source():
     """torch.utils.checkpoint's default (non-reentrant, early stop) raises an exception inside
-    backward to stop recomputing; torch's allocator history lost it when it gathered Python
-    stacks at frees (SystemError, benchmarks/results/gpu/h200x2_pass10). The source records
+    backward to stop recomputing; torch's allocator history loses it when it gathers Python
+    stacks at frees (a SystemError, measured with torch 2.11 on an H200). The source records
     stacks at allocations only, and the loop runs as it does unwatched."""
     from torch.utils.checkpoint import checkpoint
     torch.manual_seed(0)

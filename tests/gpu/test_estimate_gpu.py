@@ -42,7 +42,8 @@ def test_probed_workspace_is_what_the_allocator_was_asked_for(shape, weight, str
 
 
 def test_resnet50_estimate_with_measured_workspaces_meets_the_gpu():
-    from memdoctor.predict.estimate import estimate_built, train_step
+    from memdoctor.predict.estimate import estimate_built
+    from memdoctor.predict.fake_step import train_step
     from memdoctor.predict.models import get
     from memdoctor.predict import op_probe
     build = get("resnet50").builder(batch=32)

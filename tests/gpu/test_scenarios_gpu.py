@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import shared_path
+from tests.support.paths import shared_path
 
 pytestmark = pytest.mark.gpu
 

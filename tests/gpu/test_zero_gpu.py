@@ -29,7 +29,7 @@ def _memory_worker(device) -> dict:
     from torch import nn
 
     from memdoctor.remedies.zero import apply_zero
-    from tests.test_zero import s01_model
+    from tests.support.zero_workers import s01_model
 
     out = {}
     for config in ("zero2", "zero3", "ddp"):    # DDP last: what it leaves behind cannot shift the others' base
@@ -60,7 +60,7 @@ def _memory_worker(device) -> dict:
 def _main(out_dir: str) -> None:
     import torch.distributed as dist
 
-    from tests.test_zero import numerics_worker
+    from tests.support.zero_workers import numerics_worker
 
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)

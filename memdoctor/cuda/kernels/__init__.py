@@ -1,7 +1,9 @@
 """Triton kernels for the optimizer step (fused AdamW with fp32, bf16 or 8-bit states).
 
 Imported lazily: `import memdoctor.cuda.kernels` does not import torch or triton;
-`FusedAdamW` and the rest load `adamw` (and triton, when installed) on first use.
+`FusedAdamW` and the rest load their module on first use: adamw (the optimizer), adamw_math
+(the update in torch ops and the state formats), adamw_triton (the kernels; triton, when
+installed).
 """
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ import importlib
 
 _LAZY = {
     "FusedAdamW": "adamw",
-    "STATE_DTYPES": "adamw",
-    "QBLOCK": "adamw",
-    "HAVE_TRITON": "adamw",
-    "triton_usable": "adamw",
     "state_bytes": "adamw",
+    "STATE_DTYPES": "adamw_math",
+    "QBLOCK": "adamw_math",
+    "state_bytes_per_param": "adamw_math",
+    "HAVE_TRITON": "adamw_triton",
+    "triton_usable": "adamw_triton",
 }
 
 __all__ = list(_LAZY)

@@ -3,6 +3,10 @@
 What it detects
     At the peak (or the OOM) most live memory is tensors the forward pass saved for the
     backward pass, and they were made in this very step.
+Preconditions
+    - the run is under pressure (an OOM, or a peak within 20% of the limit);
+    - tensors saved for backward by this step's forward (plus, for an OOM in forward, the
+      request) take at least 35% of live memory.
 Why it runs out of memory
     Every layer keeps its inputs (and often more) until backward reaches it. Saved bytes
     grow linearly with batch size and, with plain attention, quadratically with sequence
@@ -14,6 +18,9 @@ Example
 Fix
     Checkpoint the repeated blocks, split the batch into micro-batches with gradient
     accumulation (the effective batch stays), or train in bf16 autocast.
+Known limits
+    Predictions for checkpointing assume repeated blocks named with an index
+    (`layers.3`); a flat stack is predicted as one block.
 """
 from __future__ import annotations
 

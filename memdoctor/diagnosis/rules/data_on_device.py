@@ -1,22 +1,37 @@
-"""data-on-device: datasets or inputs resident on the device dominate.
+"""data-on-device: a dataset held whole on the device, one batch of it used at a time.
 
 What it detects
-    Tensors created outside the model and fed to it (inputs), or kept beside it, take a
-    large share of device memory: typically a whole dataset moved to the GPU up front.
+    Tensors made outside any forward (before training or between steps), alive at the
+    OOM (or the peak), that the model's inputs are taken from: typically a whole dataset
+    moved to the GPU up front.
+Preconditions
+    - the tensor was made outside any forward, backward or optimizer step and is not a
+      weight, gradient or optimizer state;
+    - it feeds the inputs: an input was a view holding at most a quarter of its storage
+      (`X[i:i+64]`), or inputs are batches of its rows (a DataLoader over a
+      `TensorDataset` collates each batch into a new B x rest tensor of the same dtype
+      from a N x rest one, N at least 4 B); tensors of the same length made with it (the
+      labels) count with it;
+    - together they take at least 30% of live memory.
 Why it runs out of memory
     `dataset.to("cuda")` puts every sample on the device for the whole run, while a step
     needs one batch at a time.
 Example
     bad:  X = torch.load("train.pt").cuda(); for i in ...: model(X[i:i+64])
+          DataLoader(TensorDataset(X.cuda(), y.cuda()), batch_size=64)
     good: X stays on the CPU in pinned memory; each batch goes over with
           `X[i:i+64].to("cuda", non_blocking=True)`
 Fix
     Keep the dataset on the host (pinned), move one batch at a time, or use a DataLoader.
+Known limits
+    On the CPU (the dispatch source without a GPU) host memory is the device: a dataset
+    the script would keep on the host counts too. A dataset whose batches are transformed
+    on the way (a new shape per sample) is not linked to its batches.
 """
 from __future__ import annotations
 
 from memdoctor.units import format_bytes
-from memdoctor.diagnosis.base import Finding, Remedy, free_fix_tier, fits
+from memdoctor.diagnosis.base import Finding, Remedy, free_fix_tier, fits, plural
 from memdoctor.diagnosis.facts import Facts
 
 ID = "data-on-device"
@@ -24,20 +39,22 @@ SHARE = 0.3
 
 
 def check(f: Facts) -> Finding | None:
-    if not f.under_pressure or f.source != "run":
+    if not f.under_pressure or f.source != "run" or not f.dataset:
         return None
-    # loaded before training or between steps, and fed to the model: not a step's outputs
-    inputs = [b for b in f.focus_blocks if b.category == "inputs" and b.phase == "other"]
-    held = sum(b.nbytes for b in inputs)
+    held = sum(b.nbytes for b in f.dataset)
     live = f.focus_bytes
-    if not held or held < SHARE * live:
+    if held < SHARE * live:
         return None
-    biggest = max(inputs, key=lambda b: b.nbytes)
-    evidence = [f"{format_bytes(held)} of inputs on the device, {100 * held / live:.0f}% of {format_bytes(live)}",
+    biggest = max(f.dataset, key=lambda b: b.nbytes)
+    evidence = [f"{format_bytes(held)} of data held on the device ({plural(len(f.dataset), 'tensor')}), "
+                f"{100 * held / live:.0f}% of {format_bytes(live)}",
                 f"largest: {'x'.join(map(str, biggest.shape))} {biggest.dtype} {format_bytes(biggest.nbytes)} "
-                f"made in step {biggest.step}"]
-    predicted = live - held        # plus one batch at a time, small next to the dataset
+                f"made outside the model in step {biggest.step}"
+                + (f"; batches of {f.dataset_batch_rows} rows are taken from it" if f.dataset_batch_rows else "")]
+    rows = biggest.shape[0] if biggest.shape else 0
+    batch = held * f.dataset_batch_rows // rows if rows and f.dataset_batch_rows else 0
+    predicted = live - held + batch        # one batch at a time on the device
     remedies = [Remedy("keep the data on the host", "hold the dataset in pinned CPU memory and move each batch "
                        "with .to(device, non_blocking=True)", predicted)]
-    return Finding(ID, f"input data on the device takes {format_bytes(held)}", held, evidence, remedies,
+    return Finding(ID, f"data held on the device takes {format_bytes(held)}", held, evidence, remedies,
                    free_fix_tier(f, predicted), fits(f, predicted))

@@ -4,6 +4,8 @@ What it detects
     An OOM message with no more specific cause in it: PyTorch's own allocations take
     most of the device, or a library (cuBLAS, cuDNN, NCCL, the driver) could not get
     memory because the device was already full.
+Preconditions
+    - a log (no trace) with an OOM message, and no other rule named a cause.
 Why it runs out of memory
     The model, its states, its activations and temporaries together need more than the
     device has; the message cannot say which of them is to blame.
@@ -13,6 +15,8 @@ Example
 Fix
     Run the script under `memdoctor diagnose` to split the memory into weights,
     gradients, optimizer state and activations, then apply the remedy it names.
+Known limits
+    A message says nothing about what the memory holds: this is a pointer to tracing.
 """
 from __future__ import annotations
 

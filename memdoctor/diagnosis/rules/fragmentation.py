@@ -3,6 +3,10 @@
 What it detects
     When the OOM struck, the caching allocator held at least as much reserved-but-free
     memory as was requested, but in pieces none of which was large enough.
+Preconditions
+    - an OOM of the caching allocator whose message's numbers agree with each other;
+    - reserved-but-unallocated memory is at least twice the request and at least 10% of
+      what PyTorch reserved.
 Why it runs out of memory
     Tensors whose sizes change from step to step (growing sequences, varying batches)
     leave holes in the allocator's segments; a new, larger request fits in none of them,
@@ -13,6 +17,9 @@ Example
 Fix
     Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (segments grow in place), pad
     shapes to a few fixed buckets, or free what is kept between steps.
+Known limits
+    The message does not say how large the largest free piece was; a request that failed
+    for another reason beside large holes is named fragmentation too.
 """
 from __future__ import annotations
 

@@ -1,7 +1,14 @@
 """grads-during-forward: gradients kept allocated through the next forward.
 
 What it detects
-    Gradients are alive while the forward pass runs, at the peak or the OOM.
+    Gradients made by an earlier step are still allocated while this step's forward (or
+    the start of its backward) holds its activations, at the peak or the OOM.
+Preconditions
+    - the focus (the OOM, else the peak) is in a forward pass or in backward;
+    - the gradients alive there were made in an earlier step: gradients this step's own
+      backward made, or ones accumulated over micro-batches of one optimizer step, never
+      count;
+    - they take at least 10% of live memory.
 Why it runs out of memory
     `zero_grad(set_to_none=False)`, or `zero_grad()` called after the forward, keeps a
     whole copy of the parameters' size allocated exactly when activations pile up.
@@ -12,6 +19,9 @@ Example
 Fix
     Call `optimizer.zero_grad(set_to_none=True)` right after `optimizer.step()`, or apply
     the optimizer inside backward (Plan(optimizer="in-backward")).
+Known limits
+    Gradients kept on purpose across optimizer steps (a gradient-statistics tool, or
+    accumulation steered by hand without an optimizer) look the same.
 """
 from __future__ import annotations
 
@@ -29,8 +39,9 @@ def check(f: Facts) -> Finding | None:
     live = f.focus_bytes
     if not grads or grads < 0.1 * live:
         return None
-    evidence = [f"{format_bytes(grads)} of gradients alive during the forward of step {f.focus.step}, "
-                f"{100 * grads / live:.0f}% of {format_bytes(live)}"]
+    phase = f.oom_phase if f.oom else f.focus.phase
+    evidence = [f"{format_bytes(grads)} of gradients from earlier steps alive during the {phase} of step "
+                f"{f.focus.step}, {100 * grads / live:.0f}% of {format_bytes(live)}"]
     predicted = live - grads
     remedies = [Remedy("free gradients before the forward",
                        "optimizer.zero_grad(set_to_none=True) right after optimizer.step()", predicted),

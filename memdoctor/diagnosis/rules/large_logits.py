@@ -4,6 +4,12 @@ What it detects
     Live tensors whose last dimension is the row count of a large projection weight (a
     language-model head, a classifier over many labels): the logits, their softmax in
     the loss, and their gradient.
+Preconditions
+    - the run is under pressure (an OOM, or a peak within 20% of the limit);
+    - a 2-D weight has at least 8192 rows that no other layer reads as its input width
+      (an output projection, not a hidden layer);
+    - live tensors whose last dimension is that row count (plus a failed request that a
+      vocabulary row divides) take at least 30% of live memory.
 Why it runs out of memory
     batch x sequence x vocabulary floats: 4 x 512 x 32000 in fp32 is 250 MiB for the
     logits alone, and cross-entropy makes one more of the same size, and backward a third.
@@ -14,11 +20,14 @@ Example
 Fix
     Compute the head and the loss in chunks (or with a fused linear-cross-entropy kernel),
     or use micro-batches so fewer tokens are in flight.
+Known limits
+    A vocabulary is recognised by its width only: a hidden layer 8192 wide that no other
+    layer reads (a final embedding) looks the same.
 """
 from __future__ import annotations
 
 from memdoctor.units import format_bytes
-from memdoctor.diagnosis.base import SPECIFIC_PART, Finding, Remedy, fits
+from memdoctor.diagnosis.base import SPECIFIC_PART, Finding, Remedy, fits, plural
 from memdoctor.diagnosis.facts import Facts
 
 ID = "large-logits"
@@ -38,7 +47,7 @@ def check(f: Facts) -> Finding | None:
     if logit_bytes < SHARE * live:
         return None
     biggest = max(f.logits, key=lambda b: b.nbytes)
-    evidence = [f"{len(f.logits)} tensors over the {f.vocab}-entry vocabulary hold {format_bytes(logit_bytes)}, "
+    evidence = [f"{plural(len(f.logits), 'tensor')} over the {f.vocab}-entry vocabulary hold {format_bytes(logit_bytes)}, "
                 f"{100 * logit_bytes / live:.0f}% of {format_bytes(live)}"
                 + (" (the failed request among them)" if f.oom and request % per_row == 0 else ""),
                 f"largest: {biggest.name} {'x'.join(map(str, biggest.shape))} {biggest.dtype} "

@@ -1,8 +1,17 @@
-"""leak: live memory grows step over step because tensors of earlier steps stay alive.
+"""leak: memory grows step over step because tensors of earlier steps stay alive.
 
 What it detects
-    The live bytes at the end of each step rise steadily, and at the peak tensors made in
-    steps long past (not weights, gradients or optimizer state) are still alive.
+    Tensors made in earlier steps (not weights, gradients or optimizer state) are still
+    alive at the OOM (or the peak), and the bytes carried over from earlier steps grow
+    with every step.
+Preconditions
+    - steps are recognised from what the script repeats: optimizer steps, else the ends
+      of `backward()` calls (a hand-written update such as `p.data.add_(p.grad, alpha=-lr)`),
+      else calls of the model; at least 4 steps were seen;
+    - the bytes alive at the end of each complete step that earlier steps made grow by a
+      positive slope (optimizer state, made once in step 0, is never part of it), and
+      that growth accounts for a real part of what is kept;
+    - the tensors kept from at least two steps back take at least 10% of live memory.
 Why it runs out of memory
     Keeping a tensor that is part of the autograd graph (a loss, an embedding, an output)
     in a list keeps its memory, and often its whole graph, alive: a few MiB a step is an
@@ -12,33 +21,43 @@ Example
     good: history.append(loss.item())   embeddings.append(emb.detach().cpu())
 Fix
     Keep plain numbers (`.item()`), or `.detach()` (and `.cpu()`) what you keep.
+Known limits
+    A cache that fills on purpose (a replay buffer, a memory bank before it is full) grows
+    the same way. Tensors set up before the first step (a dataset) never count as kept.
 """
 from __future__ import annotations
 
 from collections import Counter
 
 from memdoctor.units import format_bytes
-from memdoctor.diagnosis.base import Finding, Remedy, free_fix_tier, fits
+from memdoctor.diagnosis.base import Finding, Remedy, free_fix_tier, fits, plural
 from memdoctor.diagnosis.facts import Facts
 
 ID = "leak"
 MIN_STEPS = 4
+SHARE = 0.1
+GROWING = 0.25      # the growth over the steps kept accounts for this much of what is kept
+STEP_WORDS = {"optimizer": "optimizer steps", "backward": "backward() calls", "forward": "model calls"}
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run" or len(f.steps) < MIN_STEPS or f.growth_per_step <= 0:
+    if f.source != "run" or len(f.steps) < MIN_STEPS or f.growth_per_step <= 0 or not f.leaked:
         return None
     leaked = sum(b.nbytes for b in f.leaked)
     live = f.focus_bytes
-    if not leaked or leaked < 0.1 * live:
+    if leaked < SHARE * live:
         return None
     steps = sorted({b.step for b in f.leaked})
+    span = f.focus.step - steps[0]
+    if f.growth_per_step * max(span, 1) < GROWING * leaked:
+        return None             # kept, but not growing: a fixed cost, not a leak
     kinds = Counter((b.name, tuple(b.shape), b.dtype, b.module) for b in f.leaked)
     (name, shape, dtype, module), count = kinds.most_common(1)[0]
     evidence = [
-        f"live memory grows {format_bytes(f.growth_per_step)} a step over {len(f.steps)} steps",
+        f"tensors kept from earlier steps grow {format_bytes(f.growth_per_step)} a step over "
+        f"{len(f.steps)} steps (steps: {STEP_WORDS.get(f.steps_from, f.steps_from)})",
         f"{format_bytes(leaked)} at the {'OOM' if f.oom else 'peak'} was made in steps {steps[0]}..{steps[-1]} "
-        f"and is still alive ({len(f.leaked)} tensors)",
+        f"and is still alive ({plural(len(f.leaked), 'tensor')})",
         f"most common: {count} x {name} {'x'.join(map(str, shape))} {dtype}"
         + (f" from module {module}" if module else ""),
     ]
@@ -49,4 +68,5 @@ def check(f: Facts) -> Finding | None:
     return Finding(ID, f"memory leaks across steps: {format_bytes(f.growth_per_step)} a step, "
                        f"{format_bytes(leaked)} kept from earlier steps",
                    leaked, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted),
-                   {"growth_per_step": f.growth_per_step, "steps": steps[-1] - steps[0] + 1})
+                   {"growth_per_step": f.growth_per_step, "steps": steps[-1] - steps[0] + 1,
+                    "steps_from": f.steps_from})

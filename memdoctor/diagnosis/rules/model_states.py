@@ -3,6 +3,10 @@
 What it detects
     The memory that lives for the whole run (parameters, their gradients and the
     optimizer's state) takes most of the memory available, before a single activation.
+Preconditions
+    - the run is under pressure (an OOM, or a peak within 20% of the limit);
+    - weights + gradients + optimizer state, as they are once every parameter has its
+      gradient and its state, take at least half the limit.
 Why it runs out of memory
     Adam keeps two fp32 tensors per parameter: with fp32 weights and gradients that is 16
     bytes a parameter. A 1.5B-parameter model needs about 23 GiB before its first batch.
@@ -14,6 +18,9 @@ Example
 Fix
     Store optimizer state in 8 or 16 bits, apply the optimizer step inside backward,
     shard gradients and states over data-parallel ranks (ZeRO-2), or parameters too (ZeRO-3).
+Known limits
+    The optimizer's state is predicted from its class (Adam: two moments a parameter);
+    an optimizer memdoctor does not know is counted by the state it has made so far.
 """
 from __future__ import annotations
 
@@ -47,7 +54,7 @@ def check(f: Facts) -> Finding | None:
     base = other + weights
     remedies = []
     if state:
-        low = params // 4 if params else state // 4      # 8-bit: 2 bytes per fp32 param of state
+        low = params // 2 if params else state // 4      # two 8-bit moments: 2 bytes a fp32 parameter
         remedies.append(Remedy("8-bit optimizer state", "Plan(optimizer='adamw-8bit'): blockwise 8-bit moments",
                                base + grads + low, "opt=adamw-8bit"))
         remedies.append(Remedy("bf16 optimizer state", "Plan(optimizer='adamw-bf16'): moments in bf16 with stochastic rounding",

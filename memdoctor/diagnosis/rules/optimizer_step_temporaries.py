@@ -4,6 +4,11 @@ What it detects
     The peak (or the OOM) is inside `optimizer.step()`, and much of it is scratch tensors
     the step made and will free: the foreach implementation computes each intermediate
     for all parameters at once.
+Preconditions
+    - the run is under pressure and an optimizer was seen;
+    - scratch tensors made inside `optimizer.step()` (plus a failed request there) are
+      more than 4 times the largest parameter (what a one-tensor-at-a-time step needs)
+      and at least 8% of live memory.
 Why it runs out of memory
     `torch.optim.Adam(foreach=True)` (the default on CUDA) makes whole-model copies for its
     intermediates, so for a moment the step needs a multiple of the parameter bytes on top
@@ -14,6 +19,9 @@ Example
           torch.optim.Adam(model.parameters(), foreach=False)   # one tensor at a time
 Fix
     Use the fused implementation (or memdoctor's fused optimizer), or foreach=False.
+Known limits
+    Only steps seen through `torch.optim`'s step hooks: a hand-written update is never
+    an optimizer step.
 """
 from __future__ import annotations
 

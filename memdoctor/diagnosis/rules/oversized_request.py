@@ -3,6 +3,9 @@
 What it detects
     A single allocation asks for more memory than the whole device (or the allowed
     budget) has: no amount of freeing could satisfy it.
+Preconditions
+    - an OOM whose request is known and larger than the limit (the budget, the allowed
+      memory, or the device's capacity).
 Why it runs out of memory
     Usually a shape bug: a broadcast that was not meant (N x 1 against 1 x N), a
     flattened dimension in the wrong place, an attention matrix over an unpadded corpus.
@@ -11,6 +14,9 @@ Example
     good: (pred.squeeze(-1) - target)
 Fix
     Find the op in the traceback and check its input shapes.
+Known limits
+    A request that is large on purpose (a whole-vocabulary projection of a very long
+    sequence) is named here too: the shapes are right, the batch is not.
 """
 from __future__ import annotations
 

@@ -1,0 +1,237 @@
+"""Tracing overhead on fast real training loops, on a GPU: ms per iteration plain, under
+PyTorch's own `_record_memory_history` alone, and under memdoctor's modes, as ratios to plain.
+
+Two workloads, each mode in a fresh process, modes interleaved over several rounds so that
+drift hits every mode alike:
+- nanogpt: nanoGPT's train.py shape (GPT-2 124M, bf16 autocast, batch 12 x 1024, fused
+  AdamW, `loss.item()` every iteration), 40 iterations, median of iterations 6-40;
+- cnn: a ResNet-18 (torchvision's when it imports, else an equivalent written here), bf16
+  autocast, batch 64 at 128 px, SGD with momentum: a step under 20 ms.
+
+Run: python benchmarks/trace_overhead_real.py [--rounds 3] [--out DIR]
+Writes trace_overhead_real_<hardware>_<date>.json under DIR (default benchmarks/results).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+MODES = ("plain", "history", "full", "light", "dispatch")
+WORKLOADS = ("nanogpt", "cnn")
+
+
+def _gpt(torch, nn, F):
+    class Block(nn.Module):
+        def __init__(self, d, heads):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+            self.heads = heads
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
+            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, d))
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self, vocab=50304, block=1024, layers=12, heads=12, d=768):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
+            self.h = nn.ModuleList(Block(d, heads) for _ in range(layers))
+            self.ln_f = nn.LayerNorm(d)
+            self.lm_head = nn.Linear(d, vocab, bias=False)
+            self.wte.weight = self.lm_head.weight
+
+        def forward(self, idx, targets):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+    return GPT()
+
+
+def _resnet18(torch, nn):
+    try:
+        import torchvision
+        return torchvision.models.resnet18(num_classes=1000)
+    except Exception:
+        pass
+
+    class Basic(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.down = None if stride == 1 and cin == cout else nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.b1(self.c1(x)))
+            y = self.b2(self.c2(y))
+            return torch.relu(y + (x if self.down is None else self.down(x)))
+
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [Basic(cin, cout, stride), Basic(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000)]
+    return nn.Sequential(*layers)
+
+
+def worker(workload: str, mode: str, iters: int) -> dict:
+    """Train `iters` iterations as the user's loop would; ms per iteration (median of 6-end)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    dev = "cuda"
+    if workload == "nanogpt":
+        model = _gpt(torch, nn, F).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=6e-4, fused=True)
+        x = torch.randint(0, 50304, (12, 1024), device=dev)
+        y = torch.randint(0, 50304, (12, 1024), device=dev)
+
+        def loss_of():
+            return model(x, y)
+    else:
+        model = _resnet18(torch, nn).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(64, 3, 128, 128, device=dev)
+        y = torch.randint(0, 1000, (64,), device=dev)
+
+        def loss_of():
+            return F.cross_entropy(model(x), y)
+
+    def loop() -> list[float]:
+        profile_to = os.environ.get("TRACE_OVERHEAD_PROFILE")     # a path: profile the loop there
+        if profile_to:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
+            try:
+                return timed()
+            finally:
+                prof.disable()
+                prof.dump_stats(profile_to)
+        return timed()
+
+    def timed() -> list[float]:
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = loss_of()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            loss.item()                       # nanoGPT reads the loss every iteration
+            times.append(time.perf_counter() - t0)
+        return times
+
+    post = None
+    if mode == "plain":
+        times = loop()
+    elif mode == "history":
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+        times = loop()
+        torch.cuda.memory._record_memory_history(enabled=None)
+    else:
+        import memdoctor
+        kwargs = {"dispatch": {"source": "dispatch"}, "light": {"mode": "light"}}.get(mode, {})
+        try:
+            doc = memdoctor.watch(model, opt, **kwargs)
+        except TypeError as exc:
+            return {"error": f"{mode}: {exc}"}
+        with doc:
+            times = loop()
+            t_exit = time.perf_counter()
+        post = time.perf_counter() - t_exit
+    kept = times[5:]
+    return {"ms": 1000 * statistics.median(kept), "post_s": post,
+            "peak_allocated": torch.cuda.max_memory_allocated()}
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
+                                       cwd=os.path.dirname(os.path.abspath(__file__))).strip()
+    except Exception:
+        return "unknown"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "MODE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker, args.iters)))
+        return 0
+    import torch
+    results: dict = {w: {m: [] for m in args.modes} for w in args.workloads}
+    for r in range(args.rounds):
+        for w in args.workloads:
+            for m in args.modes:
+                out = subprocess.run([sys.executable, __file__, "--iters", str(args.iters), "--worker", w, m],
+                                     capture_output=True, text=True)
+                try:
+                    res = json.loads(out.stdout.strip().splitlines()[-1])
+                except (IndexError, ValueError):
+                    res = {"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
+                results[w][m].append(res)
+                print(f"round {r} {w:8s} {m:9s} {res}", flush=True)
+    summary = {}
+    for w, by_mode in results.items():
+        plain = [x["ms"] for x in by_mode.get("plain", []) if "ms" in x]
+        base = statistics.median(plain) if plain else None
+        summary[w] = {}
+        for m, runs in by_mode.items():
+            ms = [x["ms"] for x in runs if "ms" in x]
+            if not ms or not base:
+                summary[w][m] = {"error": next((x.get("error") for x in runs if "error" in x), "no runs")}
+                continue
+            summary[w][m] = {"ms_median": round(statistics.median(ms), 3), "ms_runs": [round(v, 3) for v in ms],
+                             "ratio_to_plain": round(statistics.median(ms) / base, 4)}
+    print("\nworkload  mode       ms/iter  x plain")
+    for w, by_mode in summary.items():
+        for m, s in by_mode.items():
+            if "error" in s:
+                print(f"{w:9s} {m:9s}  {s['error']}")
+            else:
+                print(f"{w:9s} {m:9s}  {s['ms_median']:7.2f}  {s['ratio_to_plain']:.3f}")
+    hardware = torch.cuda.get_device_name(0).split()[-1].lower() if torch.cuda.is_available() else "cpu"
+    date = datetime.date.today().isoformat()
+    record = {"bench": "trace_overhead_real", "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+              "commit": _git_commit(), "date": date, "torch": torch.__version__,
+              "python": platform.python_version(), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+              "summary": summary, "runs": results}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"trace_overhead_real_{hardware}_{date}.json")
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The user's line: the first Python frame outside torch, memdoctor, the standard library
+and installed packages, found cheaply per allocation and kept in the Run's source table."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import sysconfig
+
+
+_getframe = sys._getframe
+_ANOTHER_STDLIB = re.compile(r"/lib/python\d[\d.]*/")
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    """Folders whose code is not the user's: this Python's standard library and package
+    folders, torch's and memdoctor's own."""
+    import torch
+
+    import memdoctor
+    folders = {os.path.dirname(torch.__file__), os.path.dirname(memdoctor.__file__)}
+    paths = sysconfig.get_paths()
+    folders.update(p for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := paths.get(key)))
+    out = set()
+    for folder in folders:
+        for form in (folder, os.path.realpath(folder)):
+            out.add(form.replace("\\", "/").rstrip("/") + "/")
+    return tuple(sorted(out))
+
+
+_PREFIXES: tuple[str, ...] | None = None
+
+
+def is_user_file(filename: str) -> bool:
+    """Code the user wrote: not torch, memdoctor, the standard library or an installed
+    package (of this Python or, for a snapshot from elsewhere, by the shape of its path),
+    and not frozen or generated code ("<frozen runpy>", "<string>")."""
+    global _PREFIXES
+    if not filename or filename[0] == "<":
+        return False
+    f = filename.replace("\\", "/")
+    if "-packages/" in f or "/torch/" in f or _ANOTHER_STDLIB.search(f):
+        return False
+    if _PREFIXES is None:
+        _PREFIXES = _library_prefixes()
+    return not f.startswith(_PREFIXES)
+
+
+class SourceTable:
+    """Adds [file, line, function] rows to a source table (Run.sources), each line once."""
+
+    def __init__(self, rows: list[list]):
+        self.rows = rows
+        self._index: dict[tuple[str, int], int] = {
+            (file, line): i for i, (file, line, _f) in enumerate(self.rows)}
+
+    def index(self, file: str, line: int, function: str = "") -> int:
+        """The row of this line, added if new."""
+        key = (file, line)
+        i = self._index.get(key)
+        if i is None:
+            i = self._index[key] = len(self.rows)
+            self.rows.append([file, line, function])
+        return i
+
+
+class UserFrames(SourceTable):
+    """The user's line of the Python stack at a moment, as a source index.
+
+    Whether a file is the user's is decided once per file name (a string's hash is cached,
+    a code object's is not), so a walk costs one dict lookup per frame until the first
+    user frame."""
+
+    def __init__(self, rows: list[list]):
+        super().__init__(rows)
+        self._user: dict[str, str] = {}         # file name -> its absolute path, "" if not the user's
+
+    def here(self, depth: int = 1) -> int:
+        """The source index of the innermost user frame of the stack from `depth` frames
+        up (1: the caller) outwards; -1 if none."""
+        try:
+            f = _getframe(depth)
+        except ValueError:              # fewer frames than that
+            return -1
+        user = self._user
+        while f is not None:
+            code = f.f_code
+            name = code.co_filename
+            path = user.get(name)
+            if path is None:
+                path = user[name] = os.path.abspath(name) if is_user_file(name) else ""
+            if path:
+                return self.index(path, f.f_lineno, code.co_name)
+            f = f.f_back
+        return -1
+
+
+def snapshot_source(table: SourceTable, frames: list) -> int:
+    """The source index of the innermost user frame of a snapshot's stack (dicts with
+    filename, line, name; innermost first; the C++ frames of stacks="all" are skipped);
+    -1 when no frame is the user's."""
+    for f in frames:
+        filename = f.get("filename") if type(f) is dict else None
+        if type(filename) is str and filename.endswith(".py") and _is_user_cached(filename):
+            line, name = f.get("line"), f.get("name")
+            return table.index(filename, line if type(line) is int else 0, name if type(name) is str else "")
+    return -1
+
+
+_user_files: dict[str, bool] = {}
+
+
+def _is_user_cached(filename: str) -> bool:
+    mine = _user_files.get(filename)
+    if mine is None:
+        mine = _user_files[filename] = is_user_file(filename)
+    return mine

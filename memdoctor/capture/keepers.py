@@ -1,0 +1,192 @@
+"""The user's line that keeps tensors alive: containers in the user's frames when a trace
+ends (at the OOM, the frames of its traceback), and the line that adds to each.
+
+A list that grows a tensor a step is the common leak. Where the list was made says little;
+the line that appends to it is the one to change. The frames are walked once, at the end
+(a walk of the referrers at every step would cost far more than the trace itself).
+"""
+from __future__ import annotations
+
+import ast
+import linecache
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from memdoctor.run import Run
+from memdoctor.capture.frames import SourceTable, is_user_file
+
+log = logging.getLogger("memdoctor")
+
+ITEMS_CAP = 100_000            # items looked at per container
+_CONTAINERS = (list, tuple, dict, set, deque)
+_ADDERS = {"append", "extend", "insert", "appendleft", "extendleft", "add", "update", "setdefault", "put"}
+
+
+@dataclass
+class Held:
+    """Tensors one container in a user's frame holds, and the line that adds to it."""
+    file: str
+    line: int
+    function: str
+    holder: str                                     # "history", "self.cache"
+    storages: list[tuple[int, int]] = field(default_factory=list)   # (storage key, data_ptr)
+
+
+def find_held(tb=None, frame=None) -> list[Held]:
+    """Containers of tensors in the user's frames: those of the traceback `tb` and the
+    stack from `frame` outwards. Never raises (a failure finds nothing)."""
+    try:
+        return _find_held(tb, frame)
+    except Exception as exc:
+        log.warning("memdoctor: looking for what keeps tensors alive failed: %r", exc)
+        return []
+
+
+def _find_held(tb, frame) -> list[Held]:
+    frames, seen = [], set()
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    found: dict[tuple[str, str], Held] = {}
+    for f in frames:
+        code = f.f_code
+        if id(f) in seen or not is_user_file(code.co_filename):
+            continue
+        seen.add(id(f))
+        for holder, value in _namespace(f):
+            storages = _storages(value)
+            if not storages:
+                continue
+            key = (code.co_filename, holder)
+            if key in found:
+                continue
+            line = _adding_line(code, holder)
+            if line is None:            # made whole (a comprehension, a tuple): no line adds to it
+                continue
+            found[key] = Held(os.path.abspath(code.co_filename), line, code.co_name, holder, storages)
+    return list(found.values())
+
+
+def _namespace(frame) -> list[tuple[str, Any]]:
+    """(name, value) of a frame's containers, and of the containers on its `self`."""
+    names = dict(frame.f_locals)
+    out = [(k, v) for k, v in names.items() if isinstance(v, _CONTAINERS) and not k.startswith("__")]
+    owner = names.get("self")
+    attrs = getattr(owner, "__dict__", None) if owner is not None else None
+    if isinstance(attrs, dict) and not isinstance(owner, torch.nn.Module):
+        out += [(f"self.{k}", v) for k, v in attrs.items() if isinstance(v, _CONTAINERS)]
+    return out
+
+
+def _storages(container) -> list[tuple[int, int]]:
+    """(storage key, data_ptr) of the tensors in a container, one level of nesting deep
+    (a list of tuples, a dict of lists)."""
+    out: list[tuple[int, int]] = []
+
+    def items(c):
+        values = c.values() if isinstance(c, dict) else c
+        for i, v in enumerate(values):
+            if i >= ITEMS_CAP:
+                return
+            yield v
+
+    for value in items(container):
+        inner = items(value) if isinstance(value, _CONTAINERS) else (value,)
+        for t in inner:
+            if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
+                try:
+                    s = t.untyped_storage()
+                    out.append((s._cdata, s.data_ptr()))
+                except Exception:
+                    continue
+    return out
+
+
+# ---- the line that adds to a container --------------------------------------------------
+_trees: dict[str, ast.AST | None] = {}
+
+
+def _tree(filename: str) -> ast.AST | None:
+    if filename not in _trees:
+        text = "".join(linecache.getlines(filename))
+        try:
+            _trees[filename] = ast.parse(text) if text else None
+        except (SyntaxError, ValueError):
+            _trees[filename] = None
+    return _trees[filename]
+
+
+def _names(holder: str, node: ast.AST) -> bool:
+    """Whether `node` is the expression `holder` ("history" or "self.history")."""
+    if "." in holder:
+        obj, attr = holder.split(".", 1)
+        return (isinstance(node, ast.Attribute) and node.attr == attr
+                and isinstance(node.value, ast.Name) and node.value.id == obj)
+    return isinstance(node, ast.Name) and node.id == holder
+
+
+def _adds_to(node: ast.AST, holder: str) -> bool:
+    if isinstance(node, ast.Call):
+        f = node.func
+        return isinstance(f, ast.Attribute) and f.attr in _ADDERS and _names(holder, f.value)
+    if isinstance(node, ast.AugAssign):
+        return _names(holder, node.target)
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Subscript) and _names(holder, t.value) for t in node.targets)
+    return False
+
+
+def _adding_line(code, holder: str) -> int | None:
+    """The first line that adds to `holder`: within the frame's own function, else
+    anywhere in its file (a global list appended to inside a function)."""
+    tree = _tree(code.co_filename)
+    if tree is None:
+        return None
+    lines = [n.lineno for n in ast.walk(tree) if _adds_to(n, holder)]
+    if not lines:
+        return None
+    if code.co_name != "<module>":
+        last = max((ln for _, _, ln in code.co_lines() if ln is not None), default=code.co_firstlineno)
+        own = [ln for ln in lines if code.co_firstlineno <= ln <= last]
+        if own:
+            return min(own)
+    return min(lines)
+
+
+# ---- into the Run ------------------------------------------------------------------------
+def attach_keepers(run: Run, held: list[Held], live: dict | None = None) -> None:
+    """Record in `run.meta["kept_by"]` which blocks each container holds: by storage in
+    the dispatch recorder's `live` table, else by address among the blocks alive at the
+    end (the allocator source). Never raises."""
+    if not held:
+        return
+    try:
+        if live is None:
+            at = {b.address: b.id for b in run.blocks.values() if b.free_seq is None and b.address is not None}
+        table = SourceTable(run.sources)
+        kept = []
+        for h in held:
+            ids = set()
+            for key, ptr in h.storages:
+                if live is not None:
+                    entry = live.get(key)
+                    block_id = entry.block.id if entry is not None else None
+                else:
+                    block_id = at.get(ptr)
+                if block_id is not None:
+                    ids.add(block_id)
+            if ids:
+                kept.append({"source": table.index(h.file, h.line, h.function), "holder": h.holder,
+                             "blocks": sorted(ids)})
+        if kept:
+            run.meta.setdefault("kept_by", []).extend(kept)
+    except Exception as exc:
+        log.warning("memdoctor: recording what keeps tensors alive failed: %r", exc)

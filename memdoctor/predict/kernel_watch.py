@@ -1,0 +1,210 @@
+"""What the fake step's kernels would take on a GPU beyond their outputs, noted while it runs:
+the cuBLAS and cuBLASLt workspaces each thread allocates at its first matmul, the scratch
+each op's CUDA kernel takes and gives back inside the call (memdoctor.cuda.kernel_scratch),
+the convolutions to measure (memdoctor.predict.op_probe), the work counted for the step
+time, and the gradient sums autograd would make in place (memdoctor.predict.grad_sums);
+and those workspaces and scratch as events to insert into the Run."""
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from memdoctor.cuda.kernel_scratch import scratch_for
+from memdoctor.predict.step_time import WorkCounter
+from memdoctor.run import Category
+
+__all__ = ["KernelWatch", "CUBLASLT_WORKSPACE_BYTES", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
+           "local_gpu_is_sm90", "workspace_events", "scratch_events"]
+
+# cuBLAS workspace per (cuBLAS handle, stream), allocated through the caching allocator at the
+# first cuBLAS call of a thread and kept for the process's life (aten/src/ATen/cuda/
+# CublasHandlePool.cpp, parseChosenWorkspaceSize): CUBLAS_WORKSPACE_CONFIG if set, else
+# ":4096:8" = 32 MiB on sm90 (H100/H200) and ":4096:2:16:8" = 8 MiB + 128 KiB elsewhere.
+# Handles are per thread, and autograd runs CUDA backward on its own device thread, so a
+# training step has two: the main thread's (forward) and the backward thread's.
+CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+# cuBLASLt workspace (same file, parseCUDABlasLtWorkspaceSize): CUBLASLT_WORKSPACE_SIZE KiB,
+# default 1024 KiB, one per (handle, stream), taken at the first cuBLASLt call: addmm with a
+# 1-D bias (nn.Linear with bias) and _scaled_mm.
+CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
+
+_BLAS_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot",
+             "_addmm_activation", "_scaled_mm", "_int_mm", "addr")
+_LT_OPS = ("_addmm_activation", "_scaled_mm")
+
+
+def cublas_workspace_bytes(sm90: bool = True) -> int:
+    """The cuBLAS workspace per handle and stream, as parseChosenWorkspaceSize computes it."""
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if config:
+        found = re.findall(r":([0-9]+):([0-9]+)", config)
+        if found:
+            return sum(int(size) * 1024 * int(count) for size, count in found)
+    return CUBLAS_WORKSPACE_SM90 if sm90 else CUBLAS_WORKSPACE_DEFAULT
+
+
+def cublaslt_workspace_bytes() -> int:
+    """The cuBLASLt workspace per handle and stream (CUBLASLT_WORKSPACE_SIZE KiB)."""
+    value = os.environ.get("CUBLASLT_WORKSPACE_SIZE")
+    try:
+        return int(value) * 1024 if value else CUBLASLT_WORKSPACE_BYTES
+    except ValueError:
+        return CUBLASLT_WORKSPACE_BYTES
+
+
+def _ops(names) -> frozenset:
+    found = []
+    for name in names:
+        try:
+            found.append(getattr(torch.ops.aten, name))
+        except (AttributeError, RuntimeError):
+            pass
+    return frozenset(found)
+
+
+BLAS_OPS = _ops(_BLAS_OPS)
+LT_OPS = _ops(_LT_OPS)
+_ADDMM = _ops(["addmm"])
+
+
+def local_gpu_is_sm90() -> bool:
+    """Whether cuBLAS would take Hopper's workspace here: this machine's GPU is sm_90, or
+    there is no GPU (the estimate then speaks for an H100/H200)."""
+    try:
+        if torch.cuda.is_available():
+            return tuple(torch.cuda.get_device_capability()) == (9, 0)
+    except Exception:
+        pass
+    return True
+
+
+class KernelWatch(TorchDispatchMode):
+    """Note where the first cuBLAS (and cuBLASLt) call of each thread happens (the event
+    index just after the op's outputs were allocated), and, with a `gpu`, the scratch
+    memory each op's CUDA kernel would take (memdoctor.cuda.kernel_scratch) with the event
+    indices before and after the op; with a `conv_probe`, the convolutions to measure; and
+    the gradient sums autograd makes in place outside a dispatch mode
+    (memdoctor.predict.grad_sums)."""
+
+    def __init__(self, recorder, gpu=None, conv_probe=None):
+        super().__init__()
+        self.recorder = recorder
+        self.run = recorder.run
+        self.gpu = gpu
+        self.conv_probe = conv_probe
+        self.blas: dict[str, int] = {}
+        self.lt: dict[str, int] = {}
+        self.scratch: list[tuple[int, int, list]] = []
+        self.accumulations: list[tuple[int, int, tuple[int, ...], int]] = []
+        self._node = None
+        self._node_start = 0
+        self.work = WorkCounter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = len(self.run.actions)
+        out = func(*args, **(kwargs or {}))
+        packet = func.overloadpacket
+        in_backward = torch._C._current_graph_task_id() != -1
+        if in_backward:
+            self._note_backward_op(func, args, kwargs, out, before)
+        self.work.note(func, args, kwargs, out, self.recorder.step,
+                       "backward" if in_backward else self.recorder.phase)
+        if packet in BLAS_OPS:
+            thread = "backward" if in_backward else "forward"
+            if thread not in self.blas:
+                self.blas[thread] = len(self.run.actions)
+            if thread not in self.lt and (packet in LT_OPS or (packet in _ADDMM and _bias_1d(args, kwargs))):
+                self.lt[thread] = len(self.run.actions)
+        if self.gpu is not None:
+            scratch = scratch_for(func, args, kwargs, self.gpu)
+            if scratch:
+                self.scratch.append((before, len(self.run.actions), scratch))
+        if self.conv_probe is not None:
+            self.conv_probe.note(func, args, kwargs, before, len(self.run.actions))
+        return out
+
+    def _note_backward_op(self, func, args, kwargs, out, before: int) -> None:
+        """Note where each autograd node begins, and the additions that look like the
+        engine summing two gradients for one input: operands alike, the first made by an
+        earlier node (the gradient already buffered), with the dense ones it could sum into
+        (memdoctor.predict.grad_sums)."""
+        node = torch._C._current_autograd_node()
+        if node is not self._node:
+            self._node, self._node_start = node, before
+        if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2 or torch.is_grad_enabled():
+            return
+        a, b = args
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(out, torch.Tensor)):
+            return
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return
+        blocks = [self._block_of(t) for t in (a, b, out)]
+        if None in blocks or self.run.blocks[blocks[0]].alloc_seq >= self._node_start:
+            return
+        # the engine sums into the buffered gradient (the first operand) if it holds its
+        # storage alone: dense, and not a view, whose base holds the storage too
+        if _dense(a) and not a._is_view():
+            self.accumulations.append((before, len(self.run.actions), (blocks[0],), blocks[2]))
+
+    def _block_of(self, t: torch.Tensor) -> int | None:
+        try:
+            entry = self.recorder.live.get(t.untyped_storage()._cdata)
+        except Exception:
+            return None
+        return entry.block.id if entry is not None else None
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether the elements fill the storage span without gaps or overlaps, in any order
+    of dimensions (TensorImpl::is_non_overlapping_and_dense)."""
+    expected = 1
+    for stride, size in sorted((int(st), int(n)) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _bias_1d(args, kwargs) -> bool:
+    bias = args[0] if args else None
+    beta = (kwargs or {}).get("beta", 1)
+    return isinstance(bias, torch.Tensor) and bias.dim() == 1 and beta == 1
+
+
+def workspace_events(watch: KernelWatch, sm90: bool) -> list[tuple]:
+    """The cuBLAS / cuBLASLt workspace allocations, at the first matmul of each thread,
+    never freed (events for memdoctor.predict.events.insert_events)."""
+    events: list[tuple] = []
+    for thread, pos in watch.blas.items():
+        events.append((pos, "alloc", None, cublas_workspace_bytes(sm90), f"cuBLAS workspace ({thread} thread)",
+                       Category.OTHER.value))
+    for thread, pos in watch.lt.items():
+        events.append((pos, "alloc", None, cublaslt_workspace_bytes(), f"cuBLASLt workspace ({thread} thread)",
+                       Category.OTHER.value))
+    return events
+
+
+def scratch_events(watch: KernelWatch) -> list[tuple]:
+    """Each op's kernel scratch: allocated before or after its outputs, each freed once the
+    scratch allocations it outlives are made, or, last first, once the op is done (events
+    for memdoctor.predict.events.insert_events)."""
+    events: list[tuple] = []
+    count = 0
+    for before, after, scratch in watch.scratch:
+        keys = [("scratch", count + i) for i in range(len(scratch))]
+        count += len(scratch)
+        for j, s in enumerate(scratch):
+            pos = before if s.before_outputs else after
+            events.append((pos, "alloc", keys[j], s.nbytes, s.label, Category.TEMPORARIES.value))
+            for i in range(j, -1, -1):
+                if scratch[i].outlives is not None and i + scratch[i].outlives == j:
+                    events.append((pos, "free", keys[i], 0, "", ""))
+        for i in range(len(scratch) - 1, -1, -1):
+            o = scratch[i].outlives
+            if o is None or i + o >= len(scratch):
+                events.append((after, "free", keys[i], 0, "", ""))
+    return events

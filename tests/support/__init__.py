@@ -1,0 +1,1 @@
+"""What several test files share, importable so that no test module imports another."""

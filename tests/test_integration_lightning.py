@@ -1,0 +1,72 @@
+"""memdoctor in a real Lightning Trainer, on the CPU: the callback diagnoses an OOM under a
+budget and writes the report, and a Plan turned into Trainer arguments lowers the measured
+peak to what memdoctor predicts for that plan."""
+import json
+import logging
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+L = pytest.importorskip("lightning.pytorch")
+
+from memdoctor.integrations import settings_for  # noqa: E402
+from memdoctor.integrations.lightning import MemdoctorCallback  # noqa: E402
+from tests.support import tiny_gpt2  # noqa: E402
+
+MiB = 2**20
+
+
+class TinyLM(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.model = tiny_gpt2.model()
+
+    def training_step(self, batch, index):
+        return self.model(input_ids=batch, labels=batch).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _fit(callback, batch_size=tiny_gpt2.BATCH, **trainer_args):
+    data = torch.utils.data.DataLoader(tiny_gpt2.tokens(), batch_size=batch_size)
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback], **trainer_args)
+    trainer.fit(TinyLM(), data)
+
+
+def test_an_oom_in_fit_is_diagnosed_and_the_report_written(tmp_path):
+    report = tmp_path / "oom.json"
+    callback = MemdoctorCallback(budget="9MiB", report=report, source="dispatch")
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        _fit(callback)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert notes.startswith("memdoctor: activations:"), notes
+    assert "test_integration_lightning.py" in notes        # the user's line: training_step's forward
+    data = json.loads(report.read_text())
+    assert data["oom"] and data["findings"][0]["rule"] == "activations"
+
+
+def test_a_plan_as_trainer_arguments_lowers_the_peak_as_predicted():
+    settings = settings_for("micro=4", "lightning", batch_size=tiny_gpt2.BATCH)
+    assert settings.values == {"accumulate_grad_batches": 4} and settings.dataloader == {"batch_size": 4}
+    peaks = []
+    for batch_size, args in ((tiny_gpt2.BATCH, {}), (settings.dataloader["batch_size"], settings.values)):
+        callback = MemdoctorCallback(source="dispatch")
+        _fit(callback, batch_size, **args)
+        assert not callback.doc.run.ooms
+        peaks.append(callback.doc.run.meta["peak_live_bytes"])
+    before, after = peaks
+    assert after < 0.6 * before, (before / MiB, after / MiB)
+    assert before == pytest.approx(tiny_gpt2.predicted_peak(None), rel=0.1)
+    assert after == pytest.approx(tiny_gpt2.predicted_peak("micro=4"), rel=0.1)
