@@ -20,34 +20,44 @@ class watch:
         self.model, self.optimizer = model, optimizer
         self.budget, self.report, self.source = budget, report, source
         self.tracer = None
+        self._open = False
         self.run = None
         self.facts = None
         self.findings: list = []
         self.diagnosis: str | None = None
 
     def __enter__(self) -> "watch":
+        """Start tracing; a tracer that cannot start has removed whatever it installed,
+        and the block runs untraced (a KeyboardInterrupt goes on, as it would anyway)."""
+        self._open = False
         try:
             from memdoctor.capture.session import Tracer
             models = self.model if isinstance(self.model, (list, tuple)) else [self.model]
             optims = self.optimizer if isinstance(self.optimizer, (list, tuple)) else [self.optimizer]
             self.tracer = Tracer(models, optims, budget=self.budget, source=self.source)
             self.tracer.__enter__()
+            self._open = True
         except Exception as exc:
             log.warning("memdoctor: not tracing, could not start: %s", exc)
             self.tracer = None
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if self.tracer is None:
+        if self.tracer is None or not self._open:
+            return False
+        self._open = False
+        try:
+            self.tracer.__exit__(exc_type, exc, tb)     # removes its hooks whatever happens
+        except Exception as err:
+            log.warning("memdoctor: the trace could not be finished, nothing to diagnose: %r", err)
             return False
         try:
-            self.tracer.__exit__(exc_type, exc, tb)
             self.run = self.tracer.run
             self._diagnose()
+            if exc is not None and _is_oom(exc) and self.diagnosis:
+                _add_note(exc, self.diagnosis)      # first: a report that fails keeps the note
             if self.report:
                 self._write_report()
-            if exc is not None and _is_oom(exc) and self.diagnosis:
-                _add_note(exc, self.diagnosis)
         except Exception as err:
             log.warning("memdoctor: diagnosis failed: %r", err)
         return False
@@ -65,6 +75,10 @@ class watch:
         from memdoctor.capture.ranks import path_for
         path = path_for(self.run, str(self.report))   # one of several ranks: each writes its own file
         if path.endswith(".html"):
+            import importlib.util
+            if importlib.util.find_spec("plotly") is None:
+                log.warning("memdoctor: no HTML report: it needs plotly: pip install 'memdoctor[report]'")
+                return
             from memdoctor.report.html import write_report
             write_report(path, self.run, findings=self.findings, facts=self.facts)
         elif path.endswith(".json"):

@@ -151,3 +151,26 @@ def test_a_list_on_self_is_found_with_its_append_line():
     found = [h for h in held if h.holder == "self.history"]
     assert found and found[0].line == frame.f_code.co_firstlineno + 2
     assert len(found[0].storages) == 1
+
+
+def test_a_real_oom_takes_the_line_of_its_traceback():
+    from memdoctor.capture.session import Tracer
+    with pytest.raises(torch.OutOfMemoryError):
+        with Tracer(source="dispatch") as t:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")  # this line
+    src = t.run.source_at(t.run.ooms[0].source)
+    assert (Path(src.file).name, src.text()) == ("test_source_lines.py", 'raise torch.OutOfMemoryError('
+                                                 '"CUDA out of memory. Tried to allocate 2.00 GiB.")  # this line')
+
+
+def test_a_thread_without_python_frames_of_the_user_takes_the_waiting_threads_line():
+    """CUDA's backward runs on the autograd engine's thread: its blocks take the line the
+    training thread waits at (loss.backward())."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from memdoctor.capture.frames import user_line_of_thread
+    with ThreadPoolExecutor(1) as pool:             # its thread runs no code of this file
+        file, line, function = pool.submit(user_line_of_thread, threading.get_ident()).result()  # here
+    assert Path(file).name == "test_source_lines.py" and function.startswith("test_a_thread")
+    assert Path(file).read_text().splitlines()[line - 1].endswith("# here")

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import bisect
 
+import threading
+
 import torch
 
+from memdoctor.limits import Allowance
 from memdoctor.run import Category, Mark, Phase, Run, Sample
+from memdoctor.units import MAX_SIZE
 from memdoctor.capture.budget import cap_cuda
+from memdoctor.capture.frames import SourceTable, user_line_of_thread
 from memdoctor.capture.recorder import Recorder
 from memdoctor.capture.oomlog import requested_bytes
 from memdoctor.capture.snapshot import snapshot_to_run
@@ -31,8 +36,13 @@ class AllocatorSource:
         self.device = torch.cuda.current_device() if device is None else device
         self.samples: list[tuple[int, int, int]] = []      # (mark index, allocated, reserved)
         self._metadata = hasattr(torch._C, "_cuda_setMemoryMetadata")
+        # mark index -> the user's line there: for blocks with no Python frame of their own
+        # (backward runs on the autograd engine's thread: its line is `loss.backward()`)
+        self.mark_lines: dict[int, tuple[str, int, str]] = {}
+        self._thread = threading.get_ident()
 
     def start(self) -> None:
+        self._fraction = torch.cuda.get_per_process_memory_fraction(self.device)
         if self.budget is not None:
             cap_cuda(self.budget, self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -43,6 +53,17 @@ class AllocatorSource:
         self.rec.on_mark = self._stamp
         self._stamp(len(self.rec.run.marks) - 1)
 
+    def abandon(self) -> None:
+        """Undo start(): no more history, no tags, the memory fraction as it was. Safe to
+        call again, and after a start() that failed part-way."""
+        self.rec.on_mark = None
+        if self._metadata:
+            torch._C._cuda_setMemoryMetadata("")
+        torch.cuda.memory._record_memory_history(enabled=None)
+        if getattr(self, "_fraction", None) is not None:
+            torch.cuda.set_per_process_memory_fraction(self._fraction, self.device)
+            self._fraction = None
+
     def _stamp(self, index: int, module: str | None = None) -> None:
         """Tag what the allocator does from now on with the mark index (and module)."""
         if self._metadata:
@@ -50,6 +71,9 @@ class AllocatorSource:
         if module is None:
             self.samples.append((index, torch.cuda.memory_allocated(self.device),
                                  torch.cuda.memory_reserved(self.device)))
+            line = user_line_of_thread(self._thread)
+            if line is not None:
+                self.mark_lines[index] = line
 
     def stop(self, message: str | None = None) -> Run:
         """Build the Run from the snapshot and join the recorded owners into it."""
@@ -58,8 +82,8 @@ class AllocatorSource:
         if self._metadata:
             torch._C._cuda_setMemoryMetadata("")
         snapshot = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        run = snapshot_to_run(snapshot, self.device)
+        self.abandon()
+        run = snapshot_to_run(snapshot, self.device, allowance=Allowance("the trace", MAX_SIZE))
         _count_as_allocator(run, snapshot, self.device)
         marks = rec.run.marks
         run.source, run.device = "allocator", {**rec.run.device, **run.device}
@@ -70,6 +94,7 @@ class AllocatorSource:
         mark_of_block = _mark_per_block(run)
         run.marks = _place_marks(run, marks, mark_of_block, self.samples)
         _label_blocks(run, marks, mark_of_block)
+        _lines_from_marks(run, mark_of_block, self.mark_lines)
         _join_owners(run, rec.claims or [], run.marks)
         by_index = {i: m.seq for i, m in enumerate(run.marks)}
         phase_samples = [Sample(by_index.get(i, 0) - 1, a, r) for i, a, r in self.samples]
@@ -198,6 +223,16 @@ def _place_marks(run: Run, marks: list[Mark], mark_of_block, samples) -> list[Ma
         placed.append(Mark(seq, m.phase, m.step, m.module, m.time))
         lo = max(seq, last_alloc.get(i, -1) + 1)
     return placed
+
+
+def _lines_from_marks(run: Run, mark_of_block, mark_lines: dict) -> None:
+    """A block allocated with no user frame of its own (on the autograd engine's thread)
+    takes the user's line of its mark: the line the training thread was at."""
+    table = SourceTable(run.sources)
+    for block_id, (index, _module) in mark_of_block.items():
+        b = run.blocks[block_id]
+        if b.source < 0 and index in mark_lines:
+            b.source = table.index(*mark_lines[index])
 
 
 def _label_blocks(run: Run, marks: list[Mark], mark_of_block) -> None:

@@ -44,17 +44,25 @@ class DispatchSource(TorchDispatchMode):
         self._zeroed: dict[int, set[int]] = {}     # source index -> gradient blocks zeroed there
 
     def __enter__(self):
+        """Push the mode and watch resizes, both or neither."""
         out = super().__enter__()
-        _watch_resizes(self.recorder)
+        try:
+            _watch_resizes(self.recorder)
+        except BaseException:
+            super().__exit__(None, None, None)
+            raise
         return out
 
     def __exit__(self, *exc):
-        _unwatch_resizes(self.recorder)
-        if self._zeroed:
-            self.recorder.run.meta.setdefault("kept_by", []).extend(
-                {"source": source, "holder": "gradients zeroed in place", "blocks": sorted(ids)}
-                for source, ids in self._zeroed.items() if source >= 0)
-        return super().__exit__(*exc)
+        """Pop the mode whatever else fails on the way out."""
+        try:
+            _unwatch_resizes(self.recorder)
+            if self._zeroed:
+                self.recorder.run.meta.setdefault("kept_by", []).extend(
+                    {"source": source, "holder": "gradients zeroed in place", "blocks": sorted(ids)}
+                    for source, ids in self._zeroed.items() if source >= 0)
+        finally:
+            super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -95,6 +95,40 @@ class UserFrames(SourceTable):
         return -1
 
 
+def first_user_frame(frame) -> tuple[str, int, str] | None:
+    """(absolute file, line, function) of the innermost user frame from `frame` outwards."""
+    while frame is not None:
+        code = frame.f_code
+        if _is_user_cached(code.co_filename):
+            return os.path.abspath(code.co_filename), frame.f_lineno, code.co_name
+        frame = frame.f_back
+    return None
+
+
+def note_oom_line(run, tb) -> None:
+    """An OOM whose line is not known yet (a real one, raised by PyTorch) takes the
+    innermost user frame of its traceback."""
+    if not run.ooms or run.ooms[0].source >= 0 or tb is None:
+        return
+    found = None
+    while tb is not None:
+        if _is_user_cached(tb.tb_frame.f_code.co_filename):
+            found = (os.path.abspath(tb.tb_frame.f_code.co_filename), tb.tb_lineno, tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    if found is not None:
+        run.ooms[0].source = SourceTable(run.sources).index(*found)
+
+
+def user_line_of_thread(thread_id: int) -> tuple[str, int, str] | None:
+    """The user's line where this thread is now, else where thread `thread_id` is (the
+    autograd engine runs CUDA's backward on a thread of its own, with no Python frames:
+    the line is then the `loss.backward()` the training thread waits in)."""
+    found = first_user_frame(_getframe(1))
+    if found is None:
+        found = first_user_frame(sys._current_frames().get(thread_id))
+    return found
+
+
 def snapshot_source(table: SourceTable, frames: list) -> int:
     """The source index of the innermost user frame of a snapshot's stack (dicts with
     filename, line, name; innermost first; the C++ frames of stacks="all" are skipped);

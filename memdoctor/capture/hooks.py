@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_leaves
 
 from memdoctor.run import Category, Phase
 from memdoctor.capture.recorder import Recorder, log
+from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
 DATASET_ROWS = 4        # an input taken from a storage this many times its size: a dataset's slice
 
@@ -72,27 +73,47 @@ class OwnershipHooks:
         self.sliced: dict[tuple[str, int], int] = {}  # storage -> rows of the largest input sliced from it
         self._parameterless: dict[int, weakref.ref] = {}
         self._saved = None
+        self.removed = False
 
     # ---- install / remove -------------------------------------------------------
     def install(self) -> None:
+        """Register the global hooks, one at a time, so that remove() undoes exactly what
+        got installed should one fail. Where saved-tensor hooks are switched off (inside
+        torch.func, or a disable_saved_tensors_hooks block) none is pushed: what autograd
+        saves then counts as temporaries."""
         mm = torch.nn.modules.module
         from torch.optim import optimizer as opt
-        self.handles += [
-            mm.register_module_forward_pre_hook(self._forward_pre),
-            mm.register_module_forward_hook(self._forward_post, always_call=True),
-            opt.register_optimizer_step_pre_hook(self._step_pre),
-            opt.register_optimizer_step_post_hook(self._step_post),
-        ]
-        self._saved = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-        self._saved.__enter__()
+        self.handles.append(mm.register_module_forward_pre_hook(self._forward_pre))
+        self.handles.append(mm.register_module_forward_hook(self._forward_post, always_call=True,
+                                                            with_kwargs=True))
+        self.handles.append(opt.register_optimizer_step_pre_hook(self._step_pre))
+        self.handles.append(opt.register_optimizer_step_post_hook(self._step_post))
+        if hooks_disabled():
+            log.warning("memdoctor: saved-tensor hooks are switched off here; tensors saved for "
+                        "backward count as temporaries")
+            return
+        saved = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        saved.__enter__()
+        self._saved = saved
+        step_aside_for(self._pack)
 
     def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+        """Remove every hook installed, each whatever the others do; safe to call again."""
+        self.removed = True
+        failure = None
+        while self.handles:
+            try:
+                self.handles.pop().remove()
+            except Exception as exc:
+                failure = failure or exc
         if self._saved is not None:
-            self._saved.__exit__(None, None, None)
             self._saved = None
+            try:
+                stop_stepping_aside_for(self._pack)
+            finally:
+                _pop_saved_hooks(self._pack)
+        if failure is not None:
+            raise failure
 
     # ---- models and optimizers ----------------------------------------------------
     @guarded
@@ -194,7 +215,9 @@ class OwnershipHooks:
         return None
 
     @guarded
-    def _forward_post(self, module, args, output):
+    def _forward_post(self, module, args, *rest):
+        """(module, args, kwargs, output); after an exception in forward, torch calls it
+        without kwargs: (module, args, output)."""
         rec = self.rec
         if not self.stack:
             return None
@@ -203,8 +226,14 @@ class OwnershipHooks:
         if self.stack:
             rec.enter_module(self.stack[-1])
             return None
+        kwargs, output = rest if len(rest) == 2 else (None, rest[0])
         call = self.calls[-1]
         call.seq_end = len(rec.run.actions)
+        if kwargs:      # the global pre-hook sees positional arguments only: `model(input_ids=...)`
+            for t in _tensors(kwargs):
+                if not self._made_by_forward(t):
+                    rec.claim(t, Category.INPUTS.value)
+                    self._note_slice(t)
         self._outputs.clear()
         for t in _tensors(output):
             if isinstance(t, torch.Tensor):
@@ -266,7 +295,10 @@ class OwnershipHooks:
         return ref is not None and ref() is not None
 
     def _backward_started(self, call: ForwardCall, grad_outputs):
-        """Backward reached this forward's output: it is back-propagated."""
+        """Backward reached this forward's output: it is back-propagated (a backward after
+        the trace ended finds the hooks removed and changes nothing)."""
+        if self.removed:
+            return None
         call.backward = True
         try:
             if self.rec.phase != Phase.BACKWARD.value:
@@ -307,6 +339,7 @@ class OwnershipHooks:
     @guarded
     def _step_pre(self, optimizer, args, kwargs):
         self.rec.in_optimizer = True
+        self.optimizer_steps += 1        # counted as it starts: a first step the OOM cut short is one
         self.rec.mark(Phase.OPTIMIZER.value)
         self.adopt_optimizer(optimizer)
 
@@ -315,7 +348,6 @@ class OwnershipHooks:
         self._claim_state(optimizer)
         self.rec.in_optimizer = False
         self.rec.step += 1
-        self.optimizer_steps += 1
         self.rec.mark(self.rec.outer_phase())
 
     # ---- after the run ------------------------------------------------------------------
@@ -372,6 +404,19 @@ def _tensors(obj) -> list:
 
 def _unpack(tensor):
     return tensor
+
+
+def _pop_saved_hooks(pack) -> None:
+    """Take `pack`'s saved-tensor hooks off the stack, leaving any pushed above them."""
+    autograd = torch._C._autograd
+    above = []
+    while (top := autograd._top_saved_tensors_default_hooks(True)) is not None:
+        autograd._pop_saved_tensors_default_hooks()
+        if top[0] == pack:
+            break
+        above.append(top)
+    for hooks in reversed(above):
+        autograd._push_saved_tensors_default_hooks(*hooks)
 
 
 def _in_backward() -> bool:

@@ -18,6 +18,9 @@ a clean line. It works in three steps:
 Numbers are kept as printed (rounded values, allocated > total, 2**64 limits): the
 message is evidence and memdoctor must not "correct" it. Sizes use 1024 powers for every
 unit, GB and MB included, as PyTorch itself does.
+
+One module because the needles, the table of message heads and the per-family grammars are
+one scanner: each family's clauses are only meaningful next to the anchor that selects them.
 """
 from __future__ import annotations
 

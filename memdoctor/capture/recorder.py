@@ -84,15 +84,19 @@ class Recorder:
         return Phase.FORWARD.value if self.forward_depth else Phase.OTHER.value
 
     # ---- storages ------------------------------------------------------------------
-    def add(self, tensor, name: str, category: str, phase: str | None = None) -> Block | None:
-        """Count `tensor`'s storage if it is new; returns its Block either way."""
+    def add(self, tensor, name: str, category: str, phase: str | None = None,
+            before: bool = False) -> Block | None:
+        """Count `tensor`'s storage if it is new; returns its Block either way. `before`:
+        the storage is no op's output in the trace but existed already (claimed): it counts
+        in the live bytes, yet the simulated budget never raises for it: only what the
+        traced code allocates can run out of memory."""
         kind = type(tensor)
         if kind not in _PLAIN:
             wrapper = _WRAPPERS.get(kind)
             if wrapper is None:
                 wrapper = _WRAPPERS[kind] = is_traceable_wrapper_subclass(tensor)
             if wrapper:
-                return self._add_inner(tensor, name, category, phase)
+                return self._add_inner(tensor, name, category, phase, before)
         try:                    # runs for every op's output: kept flat
             storage = tensor.untyped_storage()
         except Exception:
@@ -105,11 +109,12 @@ class Recorder:
                 block.category = stronger(category, block.category)
             return block
         nbytes = storage.nbytes()
-        if self.budget is not None:
+        if self.budget is not None and not before:
             self.budget(nbytes, self.live_bytes)
         return self._alloc(storage, key, nbytes, tensor, name, category, phase)
 
-    def _add_inner(self, tensor, name: str, category: str, phase: str | None) -> Block | None:
+    def _add_inner(self, tensor, name: str, category: str, phase: str | None,
+                   before: bool = False) -> Block | None:
         """A wrapper subclass (DTensor, ...) holds no memory of its own (its storage reports
         the global size): the tensors inside it do, a rank's local shard for a DTensor."""
         try:
@@ -120,7 +125,7 @@ class Recorder:
         for attr in attrs:
             inner = getattr(tensor, attr, None)
             if isinstance(inner, torch.Tensor):
-                block = self.add(inner, name, category, phase)
+                block = self.add(inner, name, category, phase, before)
                 first = first or block
         return first
 
@@ -224,7 +229,7 @@ class Recorder:
             self.claims.append((len(self.run.marks) - 1, addr, category, name,
                                 list(tensor.shape), str(tensor.dtype).replace("torch.", "")))
             return
-        block = self.add(tensor, name or "", category)
+        block = self.add(tensor, name or "", category, before=True)
         if block is not None and name and block.category == category:
             block.name = name
 
@@ -261,7 +266,13 @@ class Recorder:
 
     def close(self) -> Run:
         """Stop listening for frees; what is still alive stays alive in the Run."""
-        self.active = False
-        self.live.clear()
+        self.stop()
         self.mark()
         return self.run
+
+    def stop(self) -> None:
+        """Record nothing more: no storage's end reaches the Run from now on (the weak
+        references that would tell are dropped). Safe to call again."""
+        self.active = False
+        self.live.clear()
+        self._shrunk.clear()

@@ -14,6 +14,7 @@ from memdoctor.capture.budget import SimulatedBudget
 from memdoctor.capture.ranks import rank_info
 from memdoctor.capture.dispatch import DispatchSource
 from memdoctor.capture.hooks import OwnershipHooks
+from memdoctor.capture.frames import note_oom_line
 from memdoctor.capture.keepers import attach_keepers, find_held
 from memdoctor.capture.oomlog import requested_bytes
 from memdoctor.capture.recorder import Recorder
@@ -41,9 +42,24 @@ class Tracer:
         self.budget = parse_size(budget) if budget is not None else None
         self.source = pick_source(source)
         self.run: Run | None = None
-        self._parts: list = []
+        self.recorder: Recorder | None = None
+        self._undo: list = []
 
     def __enter__(self) -> "Tracer":
+        """Start tracing. Should any step fail (or a KeyboardInterrupt come) part-way,
+        whatever was installed is removed again before the error goes on."""
+        self._undo: list = []
+        try:
+            self._start()
+        except BaseException:
+            self._remove_all()
+            if self.recorder is not None:
+                self.recorder.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.recorder = self.allocator = None
         run = Run(source=self.source, budget_bytes=self.budget, torch_version=torch.__version__)
         run.device = device_facts(self.source)
         ranked = rank_info()
@@ -51,30 +67,58 @@ class Tracer:
             run.meta["rank"], run.meta["world_size"] = ranked
         self.recorder = rec = Recorder(run)
         self.hooks = OwnershipHooks(rec)
+        self._undo.append(self.hooks.remove)        # removes what install() got to
         self.hooks.install()
         if self.source == "allocator":
             from memdoctor.capture.allocator import AllocatorSource
             self.allocator = AllocatorSource(rec, self.budget)
+            self._undo.append(self.allocator.abandon)
             self.allocator.start()
         else:
-            self.allocator = None
             if self.budget is not None:
                 rec.budget = SimulatedBudget(rec, self.budget, run.device.get("type", "cpu"))
             self.mode = DispatchSource(rec)
-            self.mode.__enter__()
+            self.mode.__enter__()                   # all or nothing
+            self._undo.append(lambda: self.mode.__exit__(None, None, None))
         for m in self.models:
             self.hooks.adopt_model(m)
         for o in self.optimizers:
             self.hooks.adopt_optimizer(o)
-        return self
+
+    def _remove_all(self) -> None:
+        """Remove what was installed, last first, each removal whatever the others do;
+        the first failure is raised once all have run."""
+        failure = None
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except BaseException as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        """Remove everything installed, then build the Run. The removal comes first and
+        happens on every path; a failure while building raises (watch logs it)."""
         rec = self.recorder
-        if self.allocator is None:
-            self.mode.__exit__(None, None, None)
+        caller = sys._getframe(1)
+        try:
+            if self.allocator is None:
+                self._remove_all()
+            else:                               # the allocator's history is read by stop()
+                self._undo = [u for u in self._undo if u != self.allocator.abandon]
+                self._remove_all()
+                self._undo.append(self.allocator.abandon)
+            self._build(exc, tb, caller)
+        finally:
+            self._remove_all()                  # the allocator's, when stop() never ran
+            rec.stop()
+        return False
+
+    def _build(self, exc, tb, caller) -> None:
+        rec = self.recorder
         self.hooks.find_unstepped_optimizers()
         self.hooks.claim_all_state()
-        self.hooks.remove()
         oom_message = str(exc).strip() if isinstance(exc, torch.OutOfMemoryError) else None
         if oom_message and rec.run.device.get("type") == "cuda":
             rec.run.device["nvml_at_oom"] = _nvml_now(rec.run.device.get("index", 0))
@@ -83,10 +127,11 @@ class Tracer:
         rec.run.meta["sliced_inputs"] = self.hooks.sliced_inputs()
         rec.run.meta["steps_from"], starts = self.hooks.step_starts()
         rec.renumber_steps(starts)
-        held = find_held(tb, sys._getframe(1))     # containers of tensors in the user's frames
+        held = find_held(tb, caller)            # containers of tensors in the user's frames
         if self.allocator is not None:
             rec.active = False
             self.run = self.allocator.stop(oom_message)
+            self._undo.clear()                  # stop() released what start() took
             _calls_to_seqs(self.run)
             attach_keepers(self.run, held)
         else:
@@ -96,8 +141,8 @@ class Tracer:
             self.run = rec.close()
         if self.allocator is None:
             self.run.meta["peak_live_bytes"] = rec.peak_bytes
+        note_oom_line(self.run, tb)
         label_forwards_without_backward(self.run, ended_in_oom=bool(self.run.ooms))
-        return False
 
 
 def _calls_to_seqs(run: Run) -> None:

@@ -1,5 +1,5 @@
-"""What every command shares: exit codes, UsageError, the size argument type and the
-arguments that name a training script."""
+"""What every command shares: exit codes, UsageError, the size argument type, the
+arguments that name a training script and the check for an optional extra."""
 from __future__ import annotations
 
 import argparse
@@ -28,12 +28,23 @@ def add_script_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
     p.add_argument("--source", choices=("auto", "dispatch", "allocator"), default="auto",
                    help="allocator (CUDA caching allocator) or dispatch (any device); auto picks")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.epilog = "arguments after -- are passed to the script"
+    p.epilog = ("SCRIPT's own arguments follow it: `memdoctor %s train.py --epochs 3`; memdoctor's options "
+                "go before SCRIPT (or right after it, before the script's first argument); after --, every "
+                "argument goes to the script" % p.prog.split()[-1])
 
 
 def script_argv(ns) -> list[str]:
-    """The arguments after `--`, for the user's script."""
+    """The user's script's own arguments (memdoctor.cli.script_args splits them off)."""
     return list(getattr(ns, "script_args", []))
+
+
+def need_extra(module: str, extra: str, what: str) -> None:
+    """UsageError naming the extra to install when `module` cannot be imported."""
+    import importlib
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise UsageError(f"{what} needs {module}: pip install 'memdoctor[{extra}]'") from None
 
 
 def check_script(path: str) -> None:

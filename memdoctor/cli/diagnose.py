@@ -5,8 +5,10 @@ import contextlib
 import sys
 
 from memdoctor.cli.common import (EXIT_OK, EXIT_OOM, EXIT_SCRIPT_FAILED, UsageError, add_script_args, check_script,
-                                  script_argv)
-from memdoctor.cli.trace import exit_for, traced
+                                  need_extra, script_argv)
+from memdoctor.cli.launcher import launched
+from memdoctor.cli.progress import working
+from memdoctor.cli.trace import default_run_path, exit_for, traced
 
 
 def add_parser(sub) -> None:
@@ -40,6 +42,8 @@ def execute(ns) -> int:
         check_script(ns.script)
         result = traced(ns)
         run, code = result.run, exit_for(result)
+        if launched(run):
+            return _diagnose_launched(ns, run, code)
         if ns.output:
             from memdoctor.capture.ranks import path_for
             run.save(path_for(run, ns.output))
@@ -58,14 +62,31 @@ def execute(ns) -> int:
         code = EXIT_OOM if run.ooms else EXIT_OK
     facts = facts_from_run(run)
     findings = diagnose(facts)
-    if ns.report:
-        _write_report(ns.report, run, findings, facts)
     if ns.json:
         print(dumps(diagnosis_json(findings, facts, run)))
     else:
         from memdoctor.report.text import print_diagnosis
         print_diagnosis(findings, facts)
+    if ns.report:
+        _write_report(ns.report, run, findings, facts)
     return code
+
+
+def _diagnose_launched(ns, run, code: int) -> int:
+    """One of several ranks (torchrun, accelerate launch): each rank saves its run; rank 0
+    waits for the others' and prints one diagnosis of them all; the others print nothing."""
+    from memdoctor.cli.launcher import done, gather, save_for_rank, speaks, wait_for_rank0
+    base = ns.output or default_run_path(ns.script)
+    save_for_rank(run, base)
+    if not speaks(run):
+        wait_for_rank0(base)
+        return code
+    try:
+        ns.run = gather(run, base)
+        merged = _diagnose_ranks(ns)
+    finally:
+        done(base)
+    return merged if merged == EXIT_OOM else code
 
 
 def _diagnose_ranks(ns) -> int:
@@ -88,14 +109,14 @@ def _diagnose_ranks(ns) -> int:
         diagnosed.append((rank, run, path, facts, diagnose(facts)))
     merged = merge_findings([(r, findings) for r, _, _, _, findings in diagnosed])
     first = first_oom([(r, run) for r, run, _, _, _ in diagnosed])
-    if ns.report:
-        rank, run, _, facts, findings = next(d for d in diagnosed if first is None or d[0] == first[0])
-        _write_report(ns.report, run, findings, facts)
     if ns.json:
         print(dumps(ranks_json(diagnosed, merged, first)))
     else:
         from memdoctor.report.text import ranks_lines
         print("\n".join(ranks_lines(diagnosed, merged, first)))
+    if ns.report:
+        rank, run, _, facts, findings = next(d for d in diagnosed if first is None or d[0] == first[0])
+        _write_report(ns.report, run, findings, facts)
     return EXIT_OOM if first is not None else EXIT_OK
 
 
@@ -112,7 +133,8 @@ def _diagnose_try(ns) -> int:
     from memdoctor.diagnosis import diagnose, facts_from_run
     from memdoctor.report.json import comparison_json, dumps
     try:
-        with contextlib.redirect_stdout(sys.stderr if ns.json else sys.stdout):
+        with working(ns, f"running {ns.script} as written, then with {ns.try_fix}"), \
+                contextlib.redirect_stdout(sys.stderr if ns.json else sys.stdout):
             tried = compare(ns.script, script_argv(ns), fix, budget=ns.budget, source=ns.source)
     except FixError as exc:
         raise UsageError(str(exc)) from None
@@ -123,15 +145,15 @@ def _diagnose_try(ns) -> int:
     data = comparison_json(tried, sides[0], sides[1], ns.budget)
     if ns.output:
         tried.after.save(ns.output)
-    if ns.report:
-        (before, facts, findings), (after, after_facts, after_findings) = sides
-        _write_report(ns.report, before, findings, facts, other_run=after, other_findings=after_findings,
-                      other_facts=after_facts)
     if ns.json:
         print(dumps(data))
     else:
         from memdoctor.report.text import comparison_lines
         print("\n".join(comparison_lines(data, ns.script)))
+    if ns.report:
+        (before, facts, findings), (after, after_facts, after_findings) = sides
+        _write_report(ns.report, before, findings, facts, other_run=after, other_findings=after_findings,
+                      other_facts=after_facts)
     after = data["after"]
     if after["oom"]:
         return EXIT_OOM
@@ -139,13 +161,12 @@ def _diagnose_try(ns) -> int:
 
 
 def _write_report(path: str, run, findings, facts, **after) -> None:
-    """The HTML report beside the diagnosis; without plotly, a note and no report."""
-    try:
-        from memdoctor.report.html import write_report
-    except ImportError as exc:
-        print(f"memdoctor: no HTML report: {exc}", file=sys.stderr)
-        return
+    """The HTML report, after the diagnosis is printed; without plotly, a UsageError naming
+    the extra to install."""
+    need_extra("plotly", "report", "the HTML report")
+    from memdoctor.report.html import write_report
     write_report(path, run, findings, facts, **after)
+
 
 
 def _diagnose_log(ns) -> int:

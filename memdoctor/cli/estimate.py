@@ -5,6 +5,7 @@ import contextlib
 import sys
 
 from memdoctor.cli.common import EXIT_OK, EXIT_OOM, UsageError, check_script, script_argv, size
+from memdoctor.cli.progress import working
 
 
 def add_parser(sub) -> None:
@@ -50,7 +51,7 @@ def execute(ns) -> int:
     from memdoctor.report.json import dumps, estimate_json
     try:
         stream = sys.stderr if ns.json else sys.stdout
-        with contextlib.redirect_stdout(stream):
+        with working(ns, f"estimating {ns.model or ns.script}"), contextlib.redirect_stdout(stream):
             est = estimate_config(
                 ns.model, ns.script, script_argv(ns), batch=ns.batch, seq=ns.seq, image_size=ns.image_size,
                 precision=ns.precision, checkpointing=ns.checkpointing, micro_batch=ns.micro_batch,

@@ -11,10 +11,11 @@ import argparse
 import os
 import sys
 
-from memdoctor.cli import diagnose, estimate, explain, plan, report, trace, tui
+from memdoctor.cli import diagnose, estimate, explain, export, plan, report, script_args, trace, tui
 from memdoctor.cli.common import EXIT_INTERNAL, EXIT_USAGE, UsageError
+from memdoctor.version import __version__
 
-COMMANDS = (trace, diagnose, explain, tui, report, estimate, plan)
+COMMANDS = (trace, diagnose, explain, tui, report, estimate, plan, export)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="memdoctor",
         description="Find out why PyTorch training runs out of GPU memory, and fix it.",
         epilog="exit codes: 0 fit, 1 script failed, 2 bad input, 3 out of memory, 4 internal error")
+    parser.add_argument("--version", action="version", version=f"memdoctor {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(sub)
@@ -40,12 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    script_args: list[str] = []
-    if "--" in argv:        # everything after `--` belongs to the user's script
-        cut = argv.index("--")
-        argv, script_args = argv[:cut], argv[cut + 1:]
+    argv, for_script = script_args.split(parser, argv)     # the training script's own arguments
     ns = parser.parse_args(argv)
-    ns.script_args = script_args
+    ns.script_args = for_script
     if not ns.command:
         parser.print_help()
         return EXIT_USAGE

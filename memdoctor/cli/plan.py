@@ -5,6 +5,7 @@ import contextlib
 import sys
 
 from memdoctor.cli.common import EXIT_OK, EXIT_OOM, UsageError, size
+from memdoctor.cli.progress import working
 
 
 def add_parser(sub) -> None:
@@ -23,7 +24,7 @@ def execute(ns) -> int:
     if ns.batch < 1 or ns.world_size < 1 or (ns.seq is not None and ns.seq < 1):
         raise UsageError("--batch, --seq and --world-size must be at least 1")
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with working(ns, f"planning {ns.model} within the budget"), contextlib.redirect_stdout(sys.stderr):
             cands = plan_for_budget(ns.model, ns.batch, ns.seq, ns.budget, world_size=ns.world_size)
     except ValueError as exc:
         raise UsageError(str(exc).splitlines()[0] if str(exc) else "bad input") from None

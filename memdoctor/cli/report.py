@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from memdoctor.cli.common import EXIT_OK, UsageError
+from memdoctor.cli.common import EXIT_OK, UsageError, need_extra
 
 
 def add_parser(sub) -> None:
@@ -16,10 +16,8 @@ def add_parser(sub) -> None:
 
 def execute(ns) -> int:
     from memdoctor.run import Run
-    try:
-        from memdoctor.report.html import write_report
-    except ImportError as exc:
-        raise UsageError(f"the HTML report needs plotly: pip install 'memdoctor[report]' ({exc})") from None
+    need_extra("plotly", "report", "the HTML report")
+    from memdoctor.report.html import write_report
     from memdoctor.diagnosis import diagnose, facts_from_run
     run = Run.load(ns.run)
     other = Run.load(ns.run2) if ns.run2 else None

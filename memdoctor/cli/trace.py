@@ -7,32 +7,53 @@ import sys
 
 from memdoctor.cli.common import (EXIT_OK, EXIT_OOM, EXIT_SCRIPT_FAILED, UsageError, add_script_args, check_script,
                                   script_argv)
+from memdoctor.cli.export import check_output, write_snapshot
+from memdoctor.cli.launcher import done, launched, speaks, wait_for_rank0
+from memdoctor.cli.progress import working
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("trace", help="run a script under the tracer and show its memory at the peak")
     add_script_args(p)
     p.add_argument("-o", "--output", metavar="RUN", help="where to save the run (default: STEM.memrun.json.gz)")
+    p.add_argument("--memory-viz", metavar="SNAPSHOT", help="also write the run as a snapshot PyTorch's memory_viz opens")
     p.set_defaults(execute=execute)
 
 
 def execute(ns) -> int:
     check_script(ns.script)
+    if ns.memory_viz:
+        check_output(ns.memory_viz)
     from memdoctor.attribution import at_peak
     from memdoctor.capture.ranks import path_for
     from memdoctor.report.json import dumps, trace_json
     result = traced(ns)
     run = result.run
     peak = at_peak(run)
-    out = path_for(run, ns.output or os.path.splitext(os.path.basename(ns.script))[0] + ".memrun.json.gz")
+    base = ns.output or default_run_path(ns.script)
+    out = path_for(run, base)
     run.save(out)
-    if ns.json:
-        print(dumps(trace_json(run, peak)))
-    else:
-        from memdoctor.report.text import print_trace
-        print_trace(run, peak)
-        print(f"run saved to {out}")
+    if ns.memory_viz:
+        write_snapshot(run, path_for(run, ns.memory_viz))
+    if not speaks(run):
+        wait_for_rank0(base)              # rank 0 prints; a launcher stops all ranks when one fails
+        return exit_for(result)
+    try:
+        if ns.json:
+            print(dumps(trace_json(run, peak)))
+        else:
+            from memdoctor.report.text import print_trace
+            print_trace(run, peak)
+            print(f"run saved to {out}")
+    finally:
+        if launched(run):
+            done(base)
     return exit_for(result)
+
+
+def default_run_path(script: str) -> str:
+    """Where a traced script's run goes when no -o says: STEM.memrun.json.gz here."""
+    return os.path.splitext(os.path.basename(script))[0] + ".memrun.json.gz"
 
 
 def traced(ns):
@@ -40,7 +61,7 @@ def traced(ns):
     from memdoctor.capture.script import trace_script
     try:
         stream = sys.stderr if ns.json else sys.stdout
-        with contextlib.redirect_stdout(stream):
+        with working(ns, f"tracing {ns.script}"), contextlib.redirect_stdout(stream):
             return trace_script(ns.script, script_argv(ns), budget=ns.budget, source=ns.source)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

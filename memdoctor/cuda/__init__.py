@@ -1,0 +1,2 @@
+"""The CUDA layer: the caching allocator as modelled, kernel workspaces, NVML device facts
+and the Triton kernels. It knows CUDA and nothing above it."""

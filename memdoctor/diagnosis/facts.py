@@ -144,8 +144,8 @@ def facts_from_run(run: Run) -> Facts:
         # a gradient this step's backward has not made yet was kept from an earlier step
         f.grads_in_forward = sum(b.nbytes for b in f.focus_blocks if b.category == G and b.step < current_step)
     _find_dataset(f, run)
-    f.step_activations = sum(b.nbytes for b in f.focus_blocks
-                             if b.category == ACT and b.step == current_step)
+    f.step_activations = sum(b.nbytes for b in f.focus_blocks      # training's: a pass never
+                             if b.category == ACT and b.step == current_step and b.phase != nob)   # back-propagated is not
     _find_logits(f)
     nvml = run.device.get("nvml_at_oom") or run.device.get("nvml") or {}
     if nvml.get("available"):

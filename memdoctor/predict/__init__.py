@@ -1,1 +1,3 @@
-"""Predicting a configuration's peak without running it: the estimate on fake tensors, the\nallocator replay, kernel workspaces, step time and the planner that searches remedies."""
+"""Predicting a configuration's peak without running it: the estimate on fake tensors (estimate,
+config, fake_build, fake_step, cpu_standin, kernel_watch, fused_tables, grad_sums, events,
+distributed, replay, result, anchors), step time, and the planner that searches remedies."""

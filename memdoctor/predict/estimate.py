@@ -58,6 +58,7 @@ from memdoctor.attribution import breakdown_at, live_blocks
 from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, MiB
 from memdoctor.cuda.kernel_scratch import Gpu
 from memdoctor.predict import cpu_standin
+from memdoctor.predict.data_dependent import DataDependent
 from memdoctor.predict.anchors import compute_anchors
 from memdoctor.predict.distributed import one_rank
 from memdoctor.predict.events import batch_blocks, insert_events, inputs_are_the_batch
@@ -159,6 +160,7 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     run_plan = Plan(plan.precision, plan.checkpointing, plan.micro_batch, plan.optimizer, None)  # zero: in the replay
     fake = _run_fake_steps(build, run_plan, target, steps, conv_probe)
     run = fake.run
+    notes += fake.uncertain
     if fake.forced_foreach:
         notes.append("optimizer foreach=None: stepped with the foreach (multi-tensor) kernels, as torch "
                      "chooses on CUDA")
@@ -224,6 +226,7 @@ class _FakeRun:
     grad_bytes: int
     forced_foreach: bool
     in_place: list[tuple[int, int]]
+    uncertain: list[str]        # what was assumed or bounded about values fake tensors lack
 
 
 def _plan_notes(plan: Plan, target: _Target) -> list[str]:
@@ -247,6 +250,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     from memdoctor.capture.session import Tracer
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    values = DataDependent()
     redirect = cpu_standin.CpuForCuda() if target.cpu_for_cuda else contextlib.nullcontext()
     cuda_kernels = cpu_standin.cuda_kernels() if target.cpu_for_cuda else contextlib.nullcontext()
     tracer = Tracer(source="dispatch")
@@ -254,7 +258,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     forced_foreach = False
     stage = "building the model, optimizer and batch"
     try:
-        with fake_mode, redirect, cuda_kernels:
+        with fake_mode, values, redirect, cuda_kernels:
             with tracer:
                 watch = KernelWatch(tracer.recorder, Gpu.local() if target.device == "cuda" else None, conv_probe)
                 with watch:
@@ -292,7 +296,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     run = tracer.run
     inputs_are_the_batch(run, batch_ids)
     return _FakeRun(run, watch, n_params, param_bytes, grad_bytes, forced_foreach,
-                    in_place=sums_in_place(run, watch.accumulations))
+                    in_place=sums_in_place(run, watch.accumulations), uncertain=values.notes())
 
 
 def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, notes: list[str]) -> int:

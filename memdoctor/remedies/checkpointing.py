@@ -20,6 +20,7 @@ from typing import Callable, Sequence, Union
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from memdoctor.remedies._handle import Handle
@@ -171,20 +172,27 @@ def _in_backward() -> bool:
 @contextlib.contextmanager
 def _running_stats_kept(modules: Sequence[nn.Module]):
     """A recompute runs batch norms in training mode again, which would update their
-    running statistics a second time: put them back as the forward left them."""
-    saved = [(buf, buf.clone()) for mod in modules for m in mod.modules()
-             if isinstance(m, nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats
-             for buf in (m.running_mean, m.running_var, m.num_batches_tracked) if buf is not None]
+    running statistics a second time: put them back as the forward left them. The copies
+    are made outside the dispatch modes (selective checkpointing's policy would take them
+    for ops the forward did not run)."""
+    bufs = [buf for mod in modules for m in mod.modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats
+            for buf in (m.running_mean, m.running_var, m.num_batches_tracked) if buf is not None]
+    with _disable_current_modes(), torch.no_grad():
+        saved = [buf.clone() for buf in bufs]
     try:
         yield
     finally:
-        with torch.no_grad():
-            for buf, value in saved:
+        with _disable_current_modes(), torch.no_grad():
+            for buf, value in zip(bufs, saved):
                 buf.copy_(value)
 
 
 def _recomputable(forward: Callable, modules: Sequence[nn.Module]) -> Callable:
     """`forward`, which in backward (the recompute) leaves batch-norm statistics alone."""
+    if not any(isinstance(m, nn.modules.batchnorm._NormBase) for mod in modules for m in mod.modules()):
+        return forward
+
     def run(*args, **kwargs):
         if not _in_backward():
             return forward(*args, **kwargs)

@@ -138,9 +138,10 @@ class SwappedOptimizer(Handle):
             on_device = bool(group.get("fused") or group.get("capturable"))
             for p in group["params"]:
                 state = new.fp32_state(p)
-                if state is None:
-                    if id(p) in self._moved_state:      # never stepped since: as it was
-                        old.state[p] = self._moved_state[id(p)]
+                moved = self._moved_state.get(id(p))
+                if state is None or (moved is not None and _step_of(state) == _step_of(moved)):
+                    if moved is not None:   # never stepped since: exactly as it was, not requantized
+                        old.state[p] = moved
                     continue
                 if isinstance(old, FusedAdamW):
                     old.load_fp32_state(p, state["step"].item(), state["exp_avg"], state["exp_avg_sq"])
@@ -152,6 +153,11 @@ class SwappedOptimizer(Handle):
                 old.state[p] = {"step": step, "exp_avg": state["exp_avg"].to(dtype),
                                 "exp_avg_sq": state["exp_avg_sq"].to(dtype)}
         self._moved_state = {}
+
+
+def _step_of(state: dict) -> float:
+    step = state["step"]
+    return float(step.item() if isinstance(step, torch.Tensor) else step)
 
 
 def _is_adam_family(optimizer: torch.optim.Optimizer) -> bool:

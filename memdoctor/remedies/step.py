@@ -19,6 +19,7 @@ from memdoctor.remedies.checkpointing import apply_checkpointing
 from memdoctor.remedies.microbatch import LossFn, accumulate_gradients
 from memdoctor.remedies.plan import Plan
 from memdoctor.remedies.precision import Precision, apply_precision
+from memdoctor.remedies.rollback import Checkpoint, OptimizerCheckpoint
 
 log = logging.getLogger("memdoctor")
 
@@ -62,12 +63,31 @@ class Prepared:
         self.model.zero_grad(set_to_none=True)
         run = dict(context=self.precision.context, backward=self.precision.backward)
         if self.auto is not None:
-            loss = oom_proof_accumulate(self.model, batch, loss_fn, self.auto, params=self._params, **run)
+            loss = self._oom_proof_step(batch, loss_fn, run)
         else:
             loss = accumulate_gradients(self.model, batch, loss_fn, self.plan.micro_batch, **run)
-        self.precision.step(self.optimizer)
+            self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self.model.zero_grad(set_to_none=True)
+        return loss
+
+    def _oom_proof_step(self, batch: Any, loss_fn: LossFn, run: dict) -> float:
+        """All or nothing: an OOM in forward or backward retries at a smaller micro-batch
+        from the state before the step; one in the optimizer or the scaler puts back the
+        parameters, optimizer state, buffers, RNG and scaler as they were before the step
+        (copies kept on the CPU meanwhile) and is raised, the step not taken."""
+        before = Checkpoint(self.model)
+        loss = oom_proof_accumulate(self.model, batch, loss_fn, self.auto, params=self._params,
+                                    checkpoint=before, **run)
+        saved = OptimizerCheckpoint(self._params, self.optimizer, self.scaler)
+        try:
+            self.precision.step(self.optimizer)
+        except torch.OutOfMemoryError:
+            saved.restore()
+            before.restore()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.zero_grad(set_to_none=True)
+            raise
         return loss
 
     def undo(self) -> None:

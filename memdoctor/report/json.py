@@ -12,15 +12,19 @@ from memdoctor.sanitize import printable_data
 JSON_VERSION = 1
 
 
-def oom_dict(oom) -> dict[str, Any]:
-    return {k: v for k, v in asdict(oom).items() if k != "seq"}
+def oom_dict(oom, run: Run | None = None) -> dict[str, Any]:
+    """An OOM; its `source` is the user's line that asked (file, line, label, text), or None."""
+    out = {k: v for k, v in asdict(oom).items() if k != "seq"}
+    line = run.source_at(oom.source) if run is not None else None
+    out["source"] = line.to_dict() if line is not None else None
+    return out
 
 
 def trace_json(run: Run, peak: Breakdown) -> dict[str, Any]:
     return {
         "version": JSON_VERSION,
         "oom": bool(run.ooms),
-        "ooms": [oom_dict(o) for o in run.ooms],
+        "ooms": [oom_dict(o, run) for o in run.ooms],
         "peak_bytes": peak.total_bytes,
         "budget_bytes": run.budget_bytes,
         "breakdown": peak.by_category,
@@ -42,7 +46,7 @@ def diagnosis_json(findings, facts, run: Run | None = None, ooms: list | None = 
     """The DESIGN contract: version, oom, ooms, peak_bytes, budget_bytes, breakdown, findings."""
     focus = facts.focus
     if ooms is None:
-        ooms = [oom_dict(o) for o in run.ooms] if run is not None else []
+        ooms = [oom_dict(o, run) for o in run.ooms] if run is not None else []
     return {
         "version": JSON_VERSION,
         "oom": facts.oom,

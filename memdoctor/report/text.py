@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,6 +13,18 @@ from memdoctor.attribution import Breakdown
 from memdoctor.run import Run
 from memdoctor.sanitize import printable
 from memdoctor.units import format_bytes
+
+
+PIPE_WIDTH = 120      # a table's width when the output is no terminal (a log, a pipe, CI)
+
+
+def terminal_console() -> Console:
+    """A console on stdout; into a file or a pipe, PIPE_WIDTH columns wide (or $COLUMNS),
+    so that tables keep readable columns instead of rich's 80."""
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH)
 
 
 def _cell(value) -> str:
@@ -29,7 +42,7 @@ def _printable_lines(make_lines):
 
 
 def breakdown_table(b: Breakdown, title: str) -> Table:
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", min_width=len(title))   # the title on one line
     table.add_column("category")
     table.add_column("bytes", justify="right")
     table.add_column("share", justify="right")
@@ -70,7 +83,7 @@ def module_table(b: Breakdown, limit: int = 8) -> Table:
 
 
 def print_trace(run: Run, peak: Breakdown, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or terminal_console()
     budget = f" (budget {format_bytes(run.budget_bytes)})" if run.budget_bytes else ""
     if run.ooms:
         o = run.ooms[0]
@@ -139,7 +152,7 @@ def diagnosis_lines(findings, facts) -> list[str]:
 
 
 def print_diagnosis(findings, facts, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or terminal_console()
     lines = diagnosis_lines(findings, facts)
     style = "bold red" if facts.oom else "bold"
     console.print(f"[{style}]{escape(lines[0])}[/{style}]", highlight=False, soft_wrap=True)

@@ -47,7 +47,8 @@ def check(f: Facts) -> Finding | None:
     if logit_bytes < SHARE * live:
         return None
     biggest = max(f.logits, key=lambda b: b.nbytes)
-    evidence = [f"{plural(len(f.logits), 'tensor')} over the {f.vocab}-entry vocabulary hold {format_bytes(logit_bytes)}, "
+    evidence = [f"{plural(len(f.logits), 'tensor')} over the {f.vocab}-entry vocabulary "
+                f"{'holds' if len(f.logits) == 1 else 'hold'} {format_bytes(logit_bytes)}, "
                 f"{100 * logit_bytes / live:.0f}% of {format_bytes(live)}"
                 + (" (the failed request among them)" if f.oom and request % per_row == 0 else ""),
                 f"largest: {biggest.name} {'x'.join(map(str, biggest.shape))} {biggest.dtype} "

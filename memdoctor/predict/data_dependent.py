@@ -1,0 +1,329 @@
+"""Data-dependent operations on fake tensors: values the build made are kept and computed for
+real, the rest are assumed or bounded from above, and each assumption is noted.
+
+A fake tensor has a shape but no data, so an op whose result depends on the data (`.item()`,
+`bool(mask.all())`, `nonzero`, `x[mask]`, `unique`, ...) cannot run on it. A training step
+needs them all the same: transformers checks `attention_mask.all()` to drop a mask, reads
+`labels.max()`, selects the CTC targets with `labels.masked_select(labels >= 0)`; a
+mixture of experts finds each expert's tokens with `torch.where(expert_mask[e])`.
+
+DataDependent is a dispatch mode, entered just inside FakeTensorMode (under the tracer, which
+sees only what it returns), that keeps a real CPU copy (a shadow) of each small tensor whose
+values are known: made by a factory (`ones`, `arange`, `randint`, `torch.tensor`), a real
+tensor handed in, or an op on known tensors. Integer and bool tensors up to MAX_INT_NUMEL
+elements are kept, floating ones up to MAX_FLOAT_NUMEL (masks and positions, not
+activations). A data-dependent op on known values gets the real answer, and a fake output of
+that shape. On unknown values:
+
+- an index chosen from activations (`topk`, `argmax`, `sort`: a router's choice of experts,
+  a sampled token) is assumed spread evenly over the candidates, so what follows from it
+  (one expert's share of the tokens) is the mean;
+- a Python scalar read from them (`.item()`, `bool(...)`, `torch.equal`) is taken as 0 /
+  False: the branch of a step with nothing unusual (no inf in the loss scaler's check, no
+  sample outside a truncated normal's bounds);
+- an output whose size depends on them (`nonzero`, `masked_select`, boolean indexing,
+  `unique`) is bounded from above: every element selected.
+
+Ops whose fake kernel refuses what the real one runs (`_grouped_mm` on fp32, fake-only
+checks for bf16) are run on bf16 stand-ins for their shape. `notes()` says which ops made the
+estimate uncertain.
+"""
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["DataDependent", "MAX_INT_NUMEL", "MAX_FLOAT_NUMEL"]
+
+aten = torch.ops.aten
+
+MAX_INT_NUMEL = 1 << 24          # integer / bool tensors: masks, ids, labels, positions, routing
+MAX_FLOAT_NUMEL = 1 << 16        # floating tensors: a mask's additive form, rotary tables; not activations
+
+# ops whose output size follows from values: bounded by their input's size when unknown
+_SIZE_FROM_VALUES = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+                     "unique_dim_consecutive", "_unique", "argwhere"}
+# ops that pick indices from values: assumed spread evenly when their input is unknown
+_CHOOSERS = {"topk", "argmax", "argmin", "sort", "argsort", "max", "min", "kthvalue", "mode", "multinomial"}
+# checks that only assert on values (torch._assert_async, torch._check on tensors)
+_ASSERTS = {"_assert_async", "_functional_assert_async", "_assert_scalar", "_functional_assert_scalar",
+            "_assert_tensor_metadata"}
+# fake kernels stricter than the real ones: run on stand-ins of this dtype for the shape
+_DTYPE_STAND_INS = {"_grouped_mm": torch.bfloat16}
+
+
+def _device_to_cpu(x):
+    if isinstance(x, torch.device) and x.type != "cpu":
+        return torch.device("cpu")
+    if isinstance(x, str) and x.startswith(("cuda", "meta")):
+        return "cpu"
+    return x
+
+
+def _small(t: torch.Tensor) -> bool:
+    limit = MAX_FLOAT_NUMEL if (t.is_floating_point() or t.is_complex()) else MAX_INT_NUMEL
+    return t.numel() <= limit
+
+
+class DataDependent(TorchDispatchMode):
+    """Known values of small tensors, and answers for data-dependent ops (module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: WeakIdKeyDictionary = WeakIdKeyDictionary()      # fake tensor -> real CPU tensor
+        self.assumed: WeakIdKeyDictionary = WeakIdKeyDictionary()     # fake tensor -> ops it was assumed from
+        self.stale: set[int] = set()       # storages written with unknown values since their shadow was made
+        self._notes: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ values
+    def value(self, t) -> torch.Tensor | None:
+        """The real values of `t` (a real tensor is its own), or None when unknown."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        if not isinstance(t, FakeTensor):
+            return t
+        real = self.values.get(t)
+        if real is None or (self.stale and self._storage(t) in self.stale):
+            return None
+        return real
+
+    def remember(self, fake: torch.Tensor, real: torch.Tensor, assumed: frozenset = frozenset()) -> None:
+        """Keep `real` (moved to the CPU) as the values of `fake`, if it is small enough."""
+        if isinstance(fake, FakeTensor) and isinstance(real, torch.Tensor) and _small(fake) \
+                and tuple(real.shape) == tuple(fake.shape):
+            self.values[fake] = real.detach().to("cpu")
+            if assumed:
+                self.assumed[fake] = assumed
+            if self.stale:
+                self.stale.discard(self._storage(fake))
+
+    @staticmethod
+    def _storage(t: torch.Tensor) -> int:
+        try:
+            return t.untyped_storage()._cdata
+        except Exception:
+            return -1
+
+    def notes(self) -> list[str]:
+        """What the estimate assumed about values it does not know, one line per op."""
+        return list(self._notes.values())
+
+    def _note(self, key: str, text: str) -> None:
+        self._notes.setdefault(key, text)
+
+    # ------------------------------------------------------------------ dispatch
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name in _ASSERTS:
+            return None
+        flat, spec = tree_flatten((args, kwargs))
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        reals = [self.value(t) for t in tensors]
+        known = all(r is not None for r in reals)
+        if name == "_local_scalar_dense" or name in _SIZE_FROM_VALUES or name == "equal" or name == "is_nonzero":
+            return self._data_dependent(func, name, args, kwargs, flat, spec, tensors, reals, known)
+        try:
+            out = func(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            return self._data_dependent(func, name, args, kwargs, flat, spec, tensors, reals, known)
+        except RuntimeError:
+            if name not in _DTYPE_STAND_INS:
+                raise
+            return self._with_stand_ins(func, args, kwargs, _DTYPE_STAND_INS[name])
+        if known:
+            self._shadow(func, args, kwargs, flat, spec, tensors, reals, out)
+        else:
+            self._after_unknown(func, name, args, kwargs, out)
+        return out
+
+    def _assumptions(self, tensors) -> frozenset:
+        found: frozenset = frozenset()
+        for t in tensors:
+            a = self.assumed.get(t) if isinstance(t, FakeTensor) else None
+            if a:
+                found = found | a
+        return found
+
+    def _real_call(self, func, flat, spec, tensors, reals):
+        """func on the real values (CPU), outside every mode."""
+        swap = {id(t): r for t, r in zip(tensors, reals)}
+        real_flat = [swap.get(id(x), x) if isinstance(x, torch.Tensor) else _device_to_cpu(x) for x in flat]
+        real_args, real_kwargs = tree_unflatten(real_flat, spec)
+        with _disable_current_modes(), torch._C._DisableTorchDispatch(), torch.no_grad():
+            return func(*real_args, **real_kwargs)
+
+    def _shadow(self, func, args, kwargs, flat, spec, tensors, reals, out) -> None:
+        """Compute the real output of an op on known inputs, where the output is small."""
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        if not outs or not all(isinstance(o, FakeTensor) and _small(o) for o in outs):
+            self._mark_written(func, args, kwargs)
+            return
+        try:
+            real = self._real_call(func, flat, spec, tensors, reals)
+        except Exception:
+            self._mark_written(func, args, kwargs)
+            return
+        assumed = self._assumptions(tensors)
+        real_outs = [o for o in tree_flatten(real)[0] if isinstance(o, torch.Tensor)]
+        if len(real_outs) == len(outs):
+            for fake, value in zip(outs, real_outs):
+                self.remember(fake, value, assumed)
+
+    def _mark_written(self, func, args, kwargs) -> None:
+        """An op that writes into its arguments with values not computed here: their storages
+        hold unknown values from now on."""
+        if not func._schema.is_mutable:
+            return
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+            for t in (value if isinstance(value, (list, tuple)) else (value,)):
+                if isinstance(t, FakeTensor):
+                    self.stale.add(self._storage(t))
+
+    def _after_unknown(self, func, name, args, kwargs, out) -> None:
+        """An op on unknown inputs: the storages it writes hold unknown values; an index
+        chosen from unknown values is assumed spread evenly."""
+        self._mark_written(func, args, kwargs)
+        if name in _CHOOSERS:
+            self._assume_spread(func, name, args, out)
+
+    def _assume_spread(self, func, name, args, out) -> None:
+        """Indices chosen from unknown values: consecutive candidates, distinct within one
+        choice, so that each candidate is chosen equally often across the batch."""
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if len(outs) == 2:
+            idx = outs[1]                   # (values, indices): topk, sort, max.dim, kthvalue, mode
+        elif name in ("argmax", "argmin", "argsort", "multinomial"):
+            idx = outs[0]
+        else:
+            return
+        source = args[0] if args else None
+        if not (isinstance(idx, FakeTensor) and idx.dtype == torch.int64 and _small(idx)
+                and isinstance(source, torch.Tensor)):
+            return
+        dim = self._dim_of(name, args, source)
+        n = max(int(source.shape[dim]) if source.dim() else 1, 1)
+        with _disable_current_modes(), torch._C._DisableTorchDispatch():
+            if idx.dim() and idx.dim() == source.dim():
+                shape = list(idx.shape)
+                k = shape.pop(dim)
+                rows = 1
+                for s in shape:
+                    rows *= int(s)
+                grid = (torch.arange(rows)[:, None] * k + torch.arange(k)[None, :]) % n
+                real = grid.reshape(*shape, k).movedim(-1, dim)
+            else:                           # one index per row (the dimension reduced away)
+                real = (torch.arange(idx.numel()) % n).reshape(idx.shape)
+        self.remember(idx, real, frozenset({f"aten.{name}"}))
+
+    @staticmethod
+    def _dim_of(name: str, args, source) -> int:
+        if name in ("topk", "kthvalue"):
+            dim = args[2] if len(args) > 2 else -1
+        elif name == "multinomial":
+            dim = -1
+        else:
+            dim = args[1] if len(args) > 1 and isinstance(args[1], int) else -1
+        return dim % max(source.dim(), 1)
+
+    # ------------------------------------------------------------------ data-dependent ops
+    def _data_dependent(self, func, name, args, kwargs, flat, spec, tensors, reals, known):
+        assumed = self._assumptions(tensors)
+        if known:
+            if assumed:
+                self._note(f"assumed:{sorted(assumed)}:{name}",
+                           f"{', '.join(sorted(assumed))} chose from values the estimate does not have (a router's "
+                           f"experts, a sampled token): assumed spread evenly over the candidates, so aten.{name} "
+                           "sees an even share (the split of a real run differs by a few percent)")
+            real = self._real_call(func, flat, spec, tensors, reals)
+            if not isinstance(real, torch.Tensor) and not isinstance(real, (tuple, list)):
+                return real                                             # a Python scalar
+            return self._fake_like(real, tensors[0] if tensors else None, assumed)
+        if name in ("_local_scalar_dense", "equal", "is_nonzero"):
+            dtype = tensors[0].dtype if tensors else torch.bool
+            self._note(f"scalar:{name}", f"aten.{name} read a value the estimate does not have (computed from "
+                       "activations or weights): taken as 0 / False, the branch with nothing unusual")
+            if name != "_local_scalar_dense" or dtype == torch.bool:
+                return False
+            return 0.0 if dtype.is_floating_point else 0
+        return self._bounded(func, name, args, kwargs)
+
+    def _fake_like(self, real, like, assumed: frozenset = frozenset()):
+        """Fake tensors on the fake device holding `real`'s shapes (and remembering its values)."""
+        device = like.device if isinstance(like, torch.Tensor) else torch.device("cpu")
+
+        def make(r):
+            if not isinstance(r, torch.Tensor):
+                return r
+            fake = torch.empty_strided(tuple(r.shape), tuple(r.stride()), dtype=r.dtype, device=device)
+            self.remember(fake, r, assumed)
+            return fake
+        return tree_map(make, real)
+
+    def _bounded(self, func, name, args, kwargs):
+        """An output size that depends on unknown values, bounded from above: all selected
+        (a mask whose values are known selects exactly its own)."""
+        x = args[0]
+        if name == "index":
+            return self._index_bounded(func, args, kwargs)
+        if name == "masked_select":
+            mask = self.value(args[1])
+            if mask is not None:
+                shape = torch.broadcast_shapes(x.shape, mask.shape)
+                return torch.empty((int(mask.expand(shape).sum()),), dtype=x.dtype, device=x.device)
+        self._note_bound(name)
+        if name in ("nonzero", "argwhere"):
+            return torch.empty((x.numel(), x.dim()), dtype=torch.int64, device=x.device)
+        if name == "masked_select":
+            n = torch.broadcast_shapes(x.shape, args[1].shape).numel()
+            return torch.empty((n,), dtype=x.dtype, device=x.device)
+        if name in ("_unique2", "unique_consecutive"):
+            flags = list(args[1:]) + [kwargs.get(k) for k in ("return_inverse", "return_counts")]
+            inverse = bool(flags[1] if name == "_unique2" else flags[0]) if len(flags) > 1 else False
+            counts = bool(flags[2] if name == "_unique2" else flags[1]) if len(flags) > 2 else False
+            n = x.numel()
+            return (torch.empty((n,), dtype=x.dtype, device=x.device),
+                    torch.empty(tuple(x.shape) if inverse else (0,), dtype=torch.int64, device=x.device),
+                    torch.empty((n,) if counts else (0,), dtype=torch.int64, device=x.device))
+        raise DynamicOutputShapeException(func)
+
+    def _note_bound(self, name: str) -> None:
+        self._note(f"bound:{name}", f"aten.{name} on values the estimate does not have: its output is bounded "
+                   "from above (every element selected), so the estimate errs high there")
+
+    def _index_bounded(self, func, args, kwargs):
+        """x[mask]: the positions a known mask selects, or, for an unknown one, every position."""
+        x, indices = args[0], list(args[1])
+        swapped = []
+        for idx in indices:
+            if isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8):
+                known = self.value(idx)
+                if known is not None:
+                    with _disable_current_modes(), torch._C._DisableTorchDispatch():
+                        rows = known.nonzero().unbind(1)
+                    swapped += [self._fake_like(r, idx) for r in rows]
+                else:
+                    self._note_bound("index")
+                    n = idx.numel()
+                    swapped += [torch.zeros((n,), dtype=torch.int64, device=idx.device) for _ in range(idx.dim())]
+            else:
+                swapped.append(idx)
+        return func(x, swapped, **kwargs)
+
+    def _with_stand_ins(self, func, args, kwargs, dtype):
+        """The output of an op whose fake kernel refuses these dtypes: its shape from a run on
+        stand-ins of `dtype`, in the dtype the real kernel returns."""
+        floats = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        original = floats[0] if floats else dtype
+
+        def cast(x):
+            return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+        out = func(*tree_map(cast, args), **tree_map(cast, kwargs))
+        return tree_map(lambda o: torch.empty_strided(tuple(o.shape), tuple(o.stride()), dtype=original,
+                                                      device=o.device) if isinstance(o, torch.Tensor) else o, out)
