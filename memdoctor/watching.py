@@ -16,9 +16,11 @@ log = logging.getLogger("memdoctor")
 
 
 class watch:
-    def __init__(self, model=None, optimizer=None, budget=None, report=None, source: str = "auto"):
+    def __init__(self, model=None, optimizer=None, budget=None, report=None, source: str = "auto",
+                 mode: str = "full"):
         self.model, self.optimizer = model, optimizer
         self.budget, self.report, self.source = budget, report, source
+        self.mode = mode        # "light": for jobs that run for days (the allocator's history, few hooks)
         self.tracer = None
         self._open = False
         self.run = None
@@ -34,13 +36,22 @@ class watch:
             from memdoctor.capture.session import Tracer
             models = self.model if isinstance(self.model, (list, tuple)) else [self.model]
             optims = self.optimizer if isinstance(self.optimizer, (list, tuple)) else [self.optimizer]
-            self.tracer = Tracer(models, optims, budget=self.budget, source=self.source)
+            self.tracer = Tracer(models, optims, budget=self.budget, source=self.source, mode=self.mode)
             self.tracer.__enter__()
             self._open = True
         except Exception as exc:
             log.warning("memdoctor: not tracing, could not start: %s", exc)
-            self.tracer = None
+            self._abandon()
         return self
+
+    def _abandon(self) -> None:
+        """A tracer that failed part-way: whatever it still has installed goes."""
+        tracer, self.tracer = self.tracer, None
+        if tracer is not None:
+            try:
+                tracer.abandon()
+            except Exception as exc:
+                log.warning("memdoctor: could not remove all of the trace's hooks: %r", exc)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self.tracer is None or not self._open:
@@ -48,7 +59,10 @@ class watch:
         self._open = False
         try:
             self.tracer.__exit__(exc_type, exc, tb)     # removes its hooks whatever happens
-        except Exception as err:
+        except BaseException as err:
+            self._abandon()
+            if not isinstance(err, Exception):
+                raise                                   # a KeyboardInterrupt goes on
             log.warning("memdoctor: the trace could not be finished, nothing to diagnose: %r", err)
             return False
         try:

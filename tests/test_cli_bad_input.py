@@ -58,3 +58,11 @@ def test_bad_budget_and_missing_script(tmp_path):
     assert proc.returncode == 2
     proc = run_cli("diagnose", "nope.py", cwd=tmp_path)
     assert proc.returncode == 2 and "no such script" in proc.stderr
+
+
+def test_a_size_argument_of_any_length_is_one_line(tmp_path):
+    for argv in (["diagnose", "x.py", "--budget", "9" * 400], ["plan", "--model", "gpt2-124m", "--budget", "9" * 400],
+                 ["diagnose", "x.py", "--budget", "\x1b]0;title\x07"]):
+        proc = run_cli(*argv, cwd=tmp_path)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr

@@ -3,16 +3,17 @@ weights, configurations written here (no downloads), independent of memdoctor.
 
     from zoo_models import ZOO, build
     model, optimizer, batch, loss_fn = build("llama", batch=4)            # on the default device
-    model, optimizer, batch, loss_fn = build("t5", batch=8, hf_checkpointing=True)
+    model, optimizer, batch, loss_fn = build("t5", batch=8, own_checkpointing=True)
 
 Each Arch makes the model (`make()`), a batch of `n` samples (`inputs(n)`, a dict of tensors
 on the default device, as a data loader and tokenizer give them: attention masks included)
 and the mean loss (`loss(model, batch)`). `batches` are the two batch sizes measured;
 `checkpointing` says how full activation checkpointing is applied: "plan" (a generic
-block-wrapping remedy such as memdoctor's ckpt=full finds the repeated blocks) or "hf"
-(the model's own gradient_checkpointing_enable()). Sizes are cut down (few layers) so that
+block-wrapping remedy such as memdoctor's ckpt=full finds the repeated blocks) or "model"
+(the model's own gradient_checkpointing_enable(): transformers' for a layer shared by all
+blocks, the RNN language model's around its recurrent stack). Sizes are cut down (few layers) so that
 an estimate takes seconds, with widths and sequence lengths of the real models so that the
-memory is theirs in kind; the largest configuration stays under ~10 GiB on a GPU.
+memory is theirs in kind; the largest configuration stays under ~13 GiB on a GPU.
 
 transformers models need transformers; torchvision's only where torchvision imports (they
 are left out of ZOO otherwise); the rest is plain torch.
@@ -24,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 __all__ = ["Arch", "ZOO", "build", "names"]
@@ -38,7 +40,7 @@ class Arch:
     inputs: Callable[[int], dict]
     loss: Callable[[nn.Module, dict], torch.Tensor]
     batches: tuple[int, int]
-    checkpointing: str = "plan"                  # "plan" or "hf"
+    checkpointing: str = "plan"                  # "plan" or "model"
     source: str = "transformers"                 # transformers, torchvision, torch
 
 
@@ -115,7 +117,7 @@ def _transformers_zoo() -> list[Arch]:
         _decoder("falcon", "FalconForCausalLM", "FalconConfig", 65024, 1024, (4, 8), num_hidden_layers=4,
                  hidden_size=1024, num_attention_heads=16, multi_query=True, new_decoder_architecture=False,
                  parallel_attn=True, bias=False, alibi=False),                                 # MQA, parallel attention
-        _decoder("gpt-bigcode", "GPTBigCodeForCausalLM", "GPTBigCodeConfig", 49152, 1024, (4, 8),
+        _decoder("gpt-bigcode", "GPTBigCodeForCausalLM", "GPTBigCodeConfig", 49152, 1024, (2, 4),
                  n_layer=4, n_embd=1024, n_head=16, n_positions=2048, multi_query=True),       # MQA
         _decoder("gpt-neox", "GPTNeoXForCausalLM", "GPTNeoXConfig", 50304, 1024, (4, 8), num_hidden_layers=4,
                  hidden_size=1024, intermediate_size=4096, num_attention_heads=16, rotary_pct=0.25,
@@ -144,9 +146,9 @@ def _transformers_zoo() -> list[Arch]:
         _decoder("qwen2-moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", 32000, 512, (4, 8), family="moe",
                  num_hidden_layers=4, hidden_size=512, intermediate_size=1408, moe_intermediate_size=512,
                  shared_expert_intermediate_size=1024, num_attention_heads=8, num_key_value_heads=8,
-                 num_experts=16, num_experts_per_tok=4, **rope),
+                 num_experts=16, num_experts_per_tok=4, experts_implementation="eager", **rope),  # routing loop
         # encoder-decoders
-        Arch("t5", "encoder-decoder", _hf("T5ForConditionalGeneration", "T5Config", vocab_size=32128, d_model=512,
+        Arch("t5", "encoder-decoder", _hf("T5ForConditionalGeneration", "T5Config", vocab_size=32128, d_model=512, decoder_start_token_id=0, pad_token_id=0,
                                          d_kv=64, d_ff=2048, num_layers=4, num_heads=8),
              _seq2seq(32128, 512, 128), _hf_loss, (8, 16)),
         Arch("bart", "encoder-decoder", _hf("BartForConditionalGeneration", "BartConfig", vocab_size=50265,
@@ -162,29 +164,29 @@ def _transformers_zoo() -> list[Arch]:
         # encoders
         Arch("bert", "encoder", _hf("BertForMaskedLM", "BertConfig", vocab_size=30522, hidden_size=768,
                                    num_hidden_layers=6, num_attention_heads=12, intermediate_size=3072),
-             _tokens(30522, 512, pad_tail=64), _hf_loss, (16, 32)),
+             _tokens(30522, 512, pad_tail=64), _hf_loss, (8, 16)),
         Arch("roberta", "encoder", _hf("RobertaForMaskedLM", "RobertaConfig", vocab_size=50265, hidden_size=768,
                                       num_hidden_layers=6, num_attention_heads=12, intermediate_size=3072,
                                       max_position_embeddings=514),
-             _tokens(50265, 512), _hf_loss, (16, 32)),
+             _tokens(50265, 512), _hf_loss, (8, 16)),
         Arch("deberta-v2", "encoder", _hf("DebertaV2ForMaskedLM", "DebertaV2Config", vocab_size=128100,
                                          hidden_size=768, num_hidden_layers=4, num_attention_heads=12,
                                          intermediate_size=3072, relative_attention=True, position_buckets=256,
                                          pos_att_type=["p2c", "c2p"], max_relative_positions=-1,
                                          position_biased_input=False, norm_rel_ebd="layer_norm",
                                          share_att_key=True),
-             _tokens(128100, 512), _hf_loss, (8, 16)),
+             _tokens(128100, 512), _hf_loss, (4, 8)),
         Arch("distilbert", "encoder", _hf("DistilBertForMaskedLM", "DistilBertConfig", vocab_size=30522, dim=768,
                                          n_layers=6, n_heads=12, hidden_dim=3072),
-             _tokens(30522, 512, pad_tail=32), _hf_loss, (16, 32)),
+             _tokens(30522, 512, pad_tail=32), _hf_loss, (8, 16)),
         Arch("albert", "encoder", _hf("AlbertForMaskedLM", "AlbertConfig", vocab_size=30000, embedding_size=128,
                                      hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
                                      intermediate_size=3072),
-             _tokens(30000, 512), _hf_loss, (16, 32), checkpointing="hf"),            # one shared layer
+             _tokens(30000, 512), _hf_loss, (8, 16), checkpointing="model"),         # one shared layer
         Arch("electra", "encoder", _hf("ElectraForMaskedLM", "ElectraConfig", vocab_size=30522, embedding_size=256,
                                       hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
                                       intermediate_size=1024),
-             _tokens(30522, 512), _hf_loss, (32, 64)),
+             _tokens(30522, 512), _hf_loss, (16, 32)),
         # vision
         Arch("vit", "vision", _hf("ViTForImageClassification", "ViTConfig", hidden_size=768, num_hidden_layers=6,
                                  num_attention_heads=12, intermediate_size=3072, image_size=224, patch_size=16,
@@ -238,16 +240,28 @@ def _audio_class_inputs(n: int) -> dict:
 
 # ----------------------------------------------------------------------- plain torch
 class RNNLM(nn.Module):
-    """An LSTM or GRU language model (cuDNN's fused RNN on a GPU)."""
+    """An LSTM or GRU language model (cuDNN's fused RNN on a GPU); its own checkpointing
+    recomputes the recurrent stack in backward."""
 
     def __init__(self, cell: str, vocab: int = 32000, dim: int = 1024, layers: int = 3) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.rnn = getattr(nn, cell)(dim, dim, num_layers=layers, batch_first=True)
         self.head = nn.Linear(dim, vocab)
+        self.checkpointing = False
+
+    def gradient_checkpointing_enable(self, **kwargs) -> None:
+        self.checkpointing = True
+
+    def _recurrent(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x)[0]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out, _ = self.rnn(self.embed(ids))
+        x = self.embed(ids)
+        if self.checkpointing and torch.is_grad_enabled():
+            out = torch.utils.checkpoint.checkpoint(self._recurrent, x, use_reentrant=False)
+        else:
+            out = self._recurrent(x)
         return self.head(out)
 
 
@@ -357,8 +371,8 @@ def _lm_inputs(vocab: int, seq: int) -> Callable[[int], dict]:
 
 def _torch_zoo() -> list[Arch]:
     return [
-        Arch("lstm", "rnn", lambda: RNNLM("LSTM"), _lm_inputs(32000, 256), _rnn_loss, (16, 32), source="torch"),
-        Arch("gru", "rnn", lambda: RNNLM("GRU"), _lm_inputs(32000, 256), _rnn_loss, (16, 32), source="torch"),
+        Arch("lstm", "rnn", lambda: RNNLM("LSTM"), _lm_inputs(32000, 256), _rnn_loss, (16, 32), "model", "torch"),
+        Arch("gru", "rnn", lambda: RNNLM("GRU"), _lm_inputs(32000, 256), _rnn_loss, (16, 32), "model", "torch"),
         Arch("torch-transformer", "encoder", EncoderLM, _lm_inputs(32000, 1024), _rnn_loss, (4, 8),
              source="torch"),
         Arch("unet", "diffusion", UNet, _unet_inputs, _unet_loss, (8, 16), source="torch"),
@@ -434,14 +448,14 @@ def names() -> list[str]:
     return list(ZOO)
 
 
-def build(name: str, batch: int, hf_checkpointing: bool = False, lr: float = 1e-4):
+def build(name: str, batch: int, own_checkpointing: bool = False, lr: float = 1e-4):
     """(model, optimizer, batch, loss_fn) of the architecture `name` at `batch` samples, on
-    the default device; AdamW. `hf_checkpointing`: turn on the model's own full activation
-    checkpointing (transformers' gradient_checkpointing_enable, non-reentrant)."""
+    the default device; AdamW. `own_checkpointing`: turn on the model's own full activation
+    checkpointing (gradient_checkpointing_enable, non-reentrant)."""
     arch = ZOO[name]
     model = arch.make()
     model.train()
-    if hf_checkpointing:
+    if own_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if getattr(getattr(model, "config", None), "use_cache", None):
             model.config.use_cache = False

@@ -1,9 +1,9 @@
 """build() of one zoo architecture, for `memdoctor estimate` and `memdoctor plan`:
 
     memdoctor estimate benchmarks/zoo/zoo_script.py --plan bf16 -- llama 4
-    memdoctor estimate benchmarks/zoo/zoo_script.py -- t5 8 --hf-checkpointing
+    memdoctor estimate benchmarks/zoo/zoo_script.py -- t5 8 --own-checkpointing
 
-It reads ARCH BATCH [--hf-checkpointing] from sys.argv when build() is called."""
+It reads ARCH BATCH [--own-checkpointing] from sys.argv when build() is called."""
 from __future__ import annotations
 
 import argparse
@@ -17,13 +17,13 @@ def _args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="zoo_script.py")
     ap.add_argument("arch", choices=list(ZOO))
     ap.add_argument("batch", type=int)
-    ap.add_argument("--hf-checkpointing", action="store_true")
+    ap.add_argument("--own-checkpointing", action="store_true")
     return ap.parse_args(argv)
 
 
 def build():
     args = _args(sys.argv[1:])
-    return build_arch(args.arch, args.batch, hf_checkpointing=args.hf_checkpointing)
+    return build_arch(args.arch, args.batch, own_checkpointing=args.own_checkpointing)
 
 
 if __name__ == "__main__":

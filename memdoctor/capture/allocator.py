@@ -30,9 +30,17 @@ _PREFIX = "memdoctor:"
 
 
 class AllocatorSource:
-    def __init__(self, recorder: Recorder, budget: int | None = None, device: int | None = None):
+    """`light=True` records the allocator's events without Python stacks (the cheapest
+    history PyTorch keeps) until the allocated peak first passes `deepen_at` bytes (90% of
+    the budget, else of the device); from then on stacks are recorded too, so the steps
+    that come near an OOM carry the user's lines."""
+
+    def __init__(self, recorder: Recorder, budget: int | None = None, device: int | None = None,
+                 light: bool = False):
         self.rec = recorder
         self.budget = budget
+        self.light = light
+        self.deepened = not light
         self.device = torch.cuda.current_device() if device is None else device
         self.samples: list[tuple[int, int, int]] = []      # (mark index, allocated, reserved)
         self._metadata = hasattr(torch._C, "_cuda_setMemoryMetadata")
@@ -48,15 +56,35 @@ class AllocatorSource:
         torch.cuda.reset_peak_memory_stats(self.device)
         # stacks at allocations only: gathering Python frames at frees broke
         # torch.utils.checkpoint's early stop (its exception was lost while tensors were freed)
-        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context="alloc", stacks="python")
+        if self.light:
+            limit = self.budget or torch.cuda.get_device_properties(self.device).total_memory
+            self.deepen_at = int(0.9 * limit)
+            torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context=None)
+        else:
+            self._record_stacks()
         self.rec.claims = []
         self.rec.on_mark = self._stamp
+        if self.light:
+            self.rec.deepen = self.deepen_if_near
         self._stamp(len(self.rec.run.marks) - 1)
+
+    def _record_stacks(self) -> None:
+        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context="alloc", stacks="python")
+
+    def deepen_if_near(self) -> None:
+        """Light mode, at a step's end: once the allocated peak passes `deepen_at`, record
+        stacks from now on (the history so far is kept)."""
+        if self.deepened:
+            return
+        peak = _allocator_counts(self.device)[2]
+        if peak >= self.deepen_at:
+            self.deepened = True
+            self._record_stacks()
 
     def abandon(self) -> None:
         """Undo start(): no more history, no tags, the memory fraction as it was. Safe to
         call again, and after a start() that failed part-way."""
-        self.rec.on_mark = None
+        self.rec.on_mark = self.rec.deepen = None
         if self._metadata:
             torch._C._cuda_setMemoryMetadata("")
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -69,8 +97,8 @@ class AllocatorSource:
         if self._metadata:
             torch._C._cuda_setMemoryMetadata(f"{_PREFIX}{index}:{module or ''}")
         if module is None:
-            self.samples.append((index, torch.cuda.memory_allocated(self.device),
-                                 torch.cuda.memory_reserved(self.device)))
+            allocated, reserved, _peak = _allocator_counts(self.device)
+            self.samples.append((index, allocated, reserved))
             line = user_line_of_thread(self._thread)
             if line is not None:
                 self.mark_lines[index] = line
@@ -96,6 +124,8 @@ class AllocatorSource:
         _label_blocks(run, marks, mark_of_block)
         _lines_from_marks(run, mark_of_block, self.mark_lines)
         _join_owners(run, rec.claims or [], run.marks)
+        if self.light:
+            _outliving_forward_are_activations(run)
         by_index = {i: m.seq for i, m in enumerate(run.marks)}
         phase_samples = [Sample(by_index.get(i, 0) - 1, a, r) for i, a, r in self.samples]
         run.meta["phase_samples"] = [s.__dict__ for s in phase_samples]
@@ -110,6 +140,19 @@ class AllocatorSource:
             rec_oom.seq = run.num_events
             run.ooms.append(rec_oom)
         return run
+
+
+def _allocator_counts(device: int) -> tuple[int, int, int]:
+    """(allocated, reserved, peak allocated) bytes, read from the allocator's raw stats:
+    torch.cuda.memory_allocated() flattens every statistic in Python first, about ten times
+    the cost, which a mark on the training loop's path cannot afford."""
+    try:
+        stats = torch._C._cuda_memoryStats(device)
+        allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
+        return allocated["current"], reserved["current"], allocated["peak"]
+    except Exception:       # another torch's layout: the public, slower reading
+        return (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device),
+                torch.cuda.max_memory_allocated(device))
 
 
 SMALL_REQUEST = 1 << 20      # kSmallSize: larger requests come from the large pool
@@ -247,6 +290,29 @@ def _label_blocks(run: Run, marks: list[Mark], mark_of_block) -> None:
                 b.category = temps
 
 
+def _outliving_forward_are_activations(run: Run) -> None:
+    """Light mode keeps no saved-tensor hooks: a block made in a forward pass that is still
+    alive when that pass ends is what backward needs (saved tensors, outputs), so it counts
+    as activations; one freed inside the pass stays a temporary."""
+    marks = run.marks
+    if not marks:
+        return
+    fwd, temps = Phase.FORWARD.value, Category.TEMPORARIES.value
+    end_after = [run.num_events] * len(marks)      # mark index -> where its forward pass ends
+    next_end = run.num_events
+    for i in range(len(marks) - 1, -1, -1):
+        end_after[i] = next_end
+        if marks[i].phase != fwd:
+            next_end = marks[i].seq
+    seqs = [m.seq for m in marks]
+    for b in run.blocks.values():
+        if b.phase != fwd or b.category != temps:
+            continue
+        i = max(bisect.bisect_right(seqs, b.alloc_seq) - 1, 0)
+        if b.free_seq is None or b.free_seq >= end_after[i]:
+            b.category = Category.ACTIVATIONS.value
+
+
 def _join_owners(run: Run, claims: list, marks: list[Mark]) -> None:
     """Each claim (mark index, address, category, name, shape, dtype) names the block that
     was at that address during its mark: the last one allocated there before the next mark."""
@@ -272,5 +338,5 @@ def _join_owners(run: Run, claims: list, marks: list[Mark]) -> None:
         if name and (not b.name or category in (Category.WEIGHTS.value, Category.GRADIENTS.value,
                                                  Category.OPTIMIZER_STATE.value)):
             b.name = name
-        if shape and not b.shape:
-            b.shape, b.dtype = shape, dtype
+        if shape is not None and not b.shape:
+            b.shape, b.dtype = list(shape), str(dtype).replace("torch.", "")

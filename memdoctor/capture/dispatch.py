@@ -51,18 +51,23 @@ class DispatchSource(TorchDispatchMode):
         except BaseException:
             super().__exit__(None, None, None)
             raise
+        self._pushed = True
         return out
 
     def __exit__(self, *exc):
-        """Pop the mode whatever else fails on the way out."""
+        """Stop watching resizes and pop the mode, each whatever the other does; called
+        again after a failure, it does what is left (the mode is popped once)."""
         try:
             _unwatch_resizes(self.recorder)
             if self._zeroed:
+                zeroed, self._zeroed = self._zeroed, {}
                 self.recorder.run.meta.setdefault("kept_by", []).extend(
                     {"source": source, "holder": "gradients zeroed in place", "blocks": sorted(ids)}
-                    for source, ids in self._zeroed.items() if source >= 0)
+                    for source, ids in zeroed.items() if source >= 0)
         finally:
-            super().__exit__(*exc)
+            if getattr(self, "_pushed", False):
+                self._pushed = False
+                super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

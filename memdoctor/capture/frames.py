@@ -16,9 +16,8 @@ def _library_prefixes() -> tuple[str, ...]:
     """Folders whose code is not the user's: this Python's standard library and package
     folders, torch's and memdoctor's own."""
     import torch
-
-    import memdoctor
-    folders = {os.path.dirname(torch.__file__), os.path.dirname(memdoctor.__file__)}
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # memdoctor/
+    folders = {os.path.dirname(torch.__file__), package}
     paths = sysconfig.get_paths()
     folders.update(p for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := paths.get(key)))
     out = set()

@@ -8,6 +8,7 @@ once, it never reaches the training loop.
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from dataclasses import dataclass, fields
 
@@ -54,9 +55,20 @@ def guarded(method):
     return wrapper
 
 
+STAMP_DEPTH = 3     # allocator source: modules this deep (model, its parts, their blocks) tag blocks
+
+
 class OwnershipHooks:
-    def __init__(self, recorder: Recorder):
+    """`light`: no global module hooks, no saved-tensor or per-parameter hooks; the models'
+    outermost calls are hooked on the models themselves (found by a global pre-hook that is
+    removed as soon as one is adopted), so every inner module call stays on PyTorch's fast
+    path. Owners are then joined by address from the models and optimizers alone."""
+
+    def __init__(self, recorder: Recorder, light: bool = False):
         self.rec = recorder
+        self.light = light
+        self._discovery = None
+        self._state_sizes: dict[int, int] = {}
         self.broken = False
         self.handles: list = []
         self.roots: dict[int, weakref.ref] = {}
@@ -73,6 +85,7 @@ class OwnershipHooks:
         self.sliced: dict[tuple[str, int], int] = {}  # storage -> rows of the largest input sliced from it
         self._parameterless: dict[int, weakref.ref] = {}
         self._saved = None
+        self._stepping_aside = False
         self.removed = False
 
     # ---- install / remove -------------------------------------------------------
@@ -83,11 +96,14 @@ class OwnershipHooks:
         saves then counts as temporaries."""
         mm = torch.nn.modules.module
         from torch.optim import optimizer as opt
-        self.handles.append(mm.register_module_forward_pre_hook(self._forward_pre))
-        self.handles.append(mm.register_module_forward_hook(self._forward_post, always_call=True,
-                                                            with_kwargs=True))
         self.handles.append(opt.register_optimizer_step_pre_hook(self._step_pre))
         self.handles.append(opt.register_optimizer_step_post_hook(self._step_post))
+        if self.light:
+            self._discovery = mm.register_module_forward_pre_hook(self._discover)
+            self.handles.append(self._discovery)
+            return
+        self.handles.append(mm.register_module_forward_pre_hook(self._forward_pre))
+        self.handles.append(mm.register_module_forward_hook(self._forward_post, always_call=True))
         if hooks_disabled():
             log.warning("memdoctor: saved-tensor hooks are switched off here; tensors saved for "
                         "backward count as temporaries")
@@ -96,6 +112,7 @@ class OwnershipHooks:
         saved.__enter__()
         self._saved = saved
         step_aside_for(self._pack)
+        self._stepping_aside = True
 
     def remove(self) -> None:
         """Remove every hook installed, each whatever the others do; safe to call again."""
@@ -106,12 +123,15 @@ class OwnershipHooks:
                 self.handles.pop().remove()
             except Exception as exc:
                 failure = failure or exc
-        if self._saved is not None:
-            self._saved = None
+        if self._stepping_aside:
             try:
                 stop_stepping_aside_for(self._pack)
-            finally:
-                _pop_saved_hooks(self._pack)
+                self._stepping_aside = False
+            except Exception as exc:
+                failure = failure or exc
+        if self._saved is not None:
+            _pop_saved_hooks(self._pack)
+            self._saved = None
         if failure is not None:
             raise failure
 
@@ -122,12 +142,15 @@ class OwnershipHooks:
         if id(root) in self.roots:
             return
         self.roots[id(root)] = weakref.ref(root)
+        if self.light:
+            self._hook_root(root)
+        by_address = self.rec.claims is not None     # the allocator source joins grads by address
         for name, module in root.named_modules():
             self.module_names.setdefault(id(module), name or type(root).__name__)
         for name, p in root.named_parameters():
             self.param_names.setdefault(id(p), name)
             self.rec.claim(p, Category.WEIGHTS.value, name)
-            if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook"):
+            if p.requires_grad and not by_address and hasattr(p, "register_post_accumulate_grad_hook"):
                 self.handles.append(p.register_post_accumulate_grad_hook(
                     functools.partial(self._grad_ready, name=name)))
             if p.grad is not None:
@@ -135,11 +158,33 @@ class OwnershipHooks:
         for name, b in root.named_buffers():
             self.rec.claim(b, Category.WEIGHTS.value, name)
 
+    def _hook_root(self, root: torch.nn.Module) -> None:
+        """Light mode: this model's own outermost-call hooks, and no more discovery."""
+        self.handles.append(root.register_forward_pre_hook(self._forward_pre))
+        self.handles.append(root.register_forward_hook(self._forward_post, always_call=True))
+        if self._discovery is not None:
+            self._discovery.remove()
+            self._discovery = None
+
+    @guarded
+    def _discover(self, module, args):
+        """Light mode: the first model called with parameters is adopted (and hooked)."""
+        if not self.roots and not _in_backward() and self._holds_parameters(module):
+            self.adopt_model(module)
+            self._forward_pre(module, args)
+
     @guarded
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        if id(optimizer) not in self.optimizers:
+        """Claim what the optimizer steps. Under the allocator source, claims join by
+        address: weights and state keep theirs, so they are claimed when first seen or when
+        the state grows, and only the gradients (made anew each backward) every step."""
+        first = id(optimizer) not in self.optimizers
+        if first:
             self.optimizers[id(optimizer)] = weakref.ref(optimizer)
             self.optimizer_info.append(describe_optimizer(optimizer))
+        if self.rec.claims is not None and not first:
+            self._claim_grads(optimizer, weights=False)
+            return
         self._claim_grads(optimizer)
         self._claim_state(optimizer)
 
@@ -166,14 +211,20 @@ class OwnershipHooks:
             if opt is not None:
                 self._claim_state(opt)
 
-    def _claim_grads(self, optimizer) -> None:
+    def _claim_grads(self, optimizer, weights: bool = True) -> None:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
                     self.rec.claim(p.grad, Category.GRADIENTS.value, self._pname(p) + ".grad")
-                self.rec.claim(p, Category.WEIGHTS.value, self._pname(p))
+                if weights:
+                    self.rec.claim(p, Category.WEIGHTS.value, self._pname(p))
 
-    def _claim_state(self, optimizer) -> None:
+    def _claim_state(self, optimizer, only_if_grown: bool = False) -> None:
+        if only_if_grown:
+            size = sum(len(state) for state in optimizer.state.values())
+            if self._state_sizes.get(id(optimizer)) == size:
+                return
+            self._state_sizes[id(optimizer)] = size
         for p, state in optimizer.state.items():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
@@ -193,7 +244,7 @@ class OwnershipHooks:
         if not self.stack and not _in_backward():   # a recompute in backward is no new pass
             if id(module) not in self.roots and self._holds_parameters(module):
                 self.adopt_model(module)
-            for t in _tensors(args):
+            for t in _tensors(args) + _tensors(_call_kwargs()):
                 if isinstance(t, torch.Tensor) and not self._made_by_forward(t):
                     rec.claim(t, Category.INPUTS.value)
                     self._note_slice(t)
@@ -211,29 +262,23 @@ class OwnershipHooks:
         name = self.module_names.get(id(module), type(module).__name__)
         self.stack.append(name)
         rec.forward_depth += 1
-        rec.enter_module(name)
+        if rec.on_mark is None or len(self.stack) <= STAMP_DEPTH:   # a tag costs a call into CUDA's allocator
+            rec.enter_module(name)
         return None
 
     @guarded
-    def _forward_post(self, module, args, *rest):
-        """(module, args, kwargs, output); after an exception in forward, torch calls it
-        without kwargs: (module, args, output)."""
+    def _forward_post(self, module, args, output):
         rec = self.rec
         if not self.stack:
             return None
         self.stack.pop()
         rec.forward_depth = max(rec.forward_depth - 1, 0)
         if self.stack:
-            rec.enter_module(self.stack[-1])
+            if rec.on_mark is None or len(self.stack) < STAMP_DEPTH:
+                rec.enter_module(self.stack[-1])
             return None
-        kwargs, output = rest if len(rest) == 2 else (None, rest[0])
         call = self.calls[-1]
         call.seq_end = len(rec.run.actions)
-        if kwargs:      # the global pre-hook sees positional arguments only: `model(input_ids=...)`
-            for t in _tensors(kwargs):
-                if not self._made_by_forward(t):
-                    rec.claim(t, Category.INPUTS.value)
-                    self._note_slice(t)
         self._outputs.clear()
         for t in _tensors(output):
             if isinstance(t, torch.Tensor):
@@ -317,8 +362,17 @@ class OwnershipHooks:
             rec = self.rec
             rec.mark(rec.outer_phase())
             self.backward_ends.append(len(rec.run.marks) - 1)
+            if rec.claims is not None and not self.optimizers:    # a hand-written update: no step hook claims the grads
+                self._claim_model_grads()
         except Exception as exc:
             log.warning("memdoctor: backward end mark failed: %r", exc)
+
+    def _claim_model_grads(self) -> None:
+        for ref in self.roots.values():
+            root = ref()
+            for name, p in (root.named_parameters() if root is not None else ()):
+                if p.grad is not None:
+                    self.rec.claim(p.grad, Category.GRADIENTS.value, name + ".grad")
 
     # ---- backward -------------------------------------------------------------------
     def _pack(self, tensor):
@@ -345,7 +399,9 @@ class OwnershipHooks:
 
     @guarded
     def _step_post(self, optimizer, args, kwargs):
-        self._claim_state(optimizer)
+        self._claim_state(optimizer, only_if_grown=self.rec.claims is not None)
+        if self.rec.deepen is not None:
+            self.rec.deepen()
         self.rec.in_optimizer = False
         self.rec.step += 1
         self.rec.mark(self.rec.outer_phase())
@@ -390,10 +446,26 @@ def describe_optimizer(optimizer) -> dict:
     }
 
 
+def _call_kwargs() -> dict | None:
+    """The keyword arguments of the module call whose global pre-hook is running
+    (`model(input_ids=ids)`): torch hands global pre-hooks the positional ones only; the
+    kwargs are a local of the calling frame in `Module._call_impl`. None where that frame
+    holds none (another torch version): those inputs go unclaimed."""
+    try:
+        frame = sys._getframe(3)        # _call_kwargs <- _forward_pre <- guarded <- torch's caller
+        kwargs = frame.f_locals.get("kwargs")
+    except Exception:
+        return None
+    return kwargs if isinstance(kwargs, dict) and frame.f_code.co_filename.endswith(
+        ("module.py", "module.pyc")) else None
+
+
 def _tensors(obj) -> list:
     """The tensors in a module's arguments or output. A tensor or a flat tuple of tensors
     and plain values is by far the most common: walked directly, a pytree flatten (several
     microseconds, a transform called once a sample) only for anything nested."""
+    if obj is None:
+        return []
     if isinstance(obj, torch.Tensor):
         return [obj]
     if type(obj) in (tuple, list) and all(isinstance(x, (torch.Tensor, int, float, bool, str, type(None)))

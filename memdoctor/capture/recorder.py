@@ -53,6 +53,7 @@ class Recorder:
         # allocator source: owners noted by address per mark instead of counted here
         self.claims: list | None = None
         self.on_mark: Callable[..., None] | None = None
+        self.deepen: Callable[[], None] | None = None   # light mode: called at each step's end
         self._t0 = time.perf_counter()
         self._next_id = 0
         self._dtype_names: dict[Any, str] = {}
@@ -226,8 +227,8 @@ class Recorder:
                 addr = tensor.untyped_storage().data_ptr()
             except Exception:
                 return
-            self.claims.append((len(self.run.marks) - 1, addr, category, name,
-                                list(tensor.shape), str(tensor.dtype).replace("torch.", "")))
+            # shape and dtype kept as torch gives them: turned into text once, at the join
+            self.claims.append((len(self.run.marks) - 1, addr, category, name, tensor.shape, tensor.dtype))
             return
         block = self.add(tensor, name or "", category, before=True)
         if block is not None and name and block.category == category:

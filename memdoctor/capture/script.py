@@ -42,9 +42,10 @@ class ScriptResult:
     output: list[str] = field(default_factory=list)
 
 
-def trace_script(path: str, args: list[str] | None = None, budget=None, source: str = "auto") -> ScriptResult:
+def trace_script(path: str, args: list[str] | None = None, budget=None, source: str = "auto",
+                 mode: str = "full") -> ScriptResult:
     """Run a script as `python path args...` would, under the tracer, with no change to it."""
-    tracer = Tracer(budget=budget, source=source)
+    tracer = Tracer(budget=budget, source=source, mode=mode)
     code, error, oom = 0, None, False
     with as_script(path, args or []) as argv:
         try:

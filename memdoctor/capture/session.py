@@ -36,11 +36,16 @@ class Tracer:
     inside are found by the global hooks on their first forward and first step.
     """
 
-    def __init__(self, models=(), optimizers=(), budget=None, source: str = "auto"):
+    def __init__(self, models=(), optimizers=(), budget=None, source: str = "auto", mode: str = "full"):
         self.models = [m for m in models if m is not None]
         self.optimizers = [o for o in optimizers if o is not None]
         self.budget = parse_size(budget) if budget is not None else None
         self.source = pick_source(source)
+        if mode not in ("full", "light"):
+            raise ValueError(f"unknown mode {mode!r}: use full or light")
+        # light: the allocator's history and the models' and optimizers' own hooks only
+        # (a CUDA job that runs for days); under the dispatch source every op is seen anyway
+        self.light = mode == "light" and self.source == "allocator"
         self.run: Run | None = None
         self.recorder: Recorder | None = None
         self._undo: list = []
@@ -66,12 +71,12 @@ class Tracer:
         if ranked is not None:
             run.meta["rank"], run.meta["world_size"] = ranked
         self.recorder = rec = Recorder(run)
-        self.hooks = OwnershipHooks(rec)
+        self.hooks = OwnershipHooks(rec, light=self.light)
         self._undo.append(self.hooks.remove)        # removes what install() got to
         self.hooks.install()
         if self.source == "allocator":
             from memdoctor.capture.allocator import AllocatorSource
-            self.allocator = AllocatorSource(rec, self.budget)
+            self.allocator = AllocatorSource(rec, self.budget, light=self.light)
             self._undo.append(self.allocator.abandon)
             self.allocator.start()
         else:
@@ -85,15 +90,28 @@ class Tracer:
         for o in self.optimizers:
             self.hooks.adopt_optimizer(o)
 
+    def abandon(self) -> None:
+        """Remove whatever is still installed and record nothing more: for a caller whose
+        __enter__ or __exit__ failed before it could. Safe to call again."""
+        try:
+            self._remove_all()
+        finally:
+            if self.recorder is not None:
+                self.recorder.stop()
+
     def _remove_all(self) -> None:
-        """Remove what was installed, last first, each removal whatever the others do;
-        the first failure is raised once all have run."""
-        failure = None
+        """Remove what was installed, last first, each removal whatever the others do; a
+        removal that failed stays listed, for the next call to try again. The first
+        failure is raised once all have run."""
+        failure, failed = None, []
         while self._undo:
+            undo = self._undo.pop()
             try:
-                self._undo.pop()()
+                undo()
             except BaseException as exc:
                 failure = failure or exc
+                failed.append(undo)
+        self._undo[:0] = reversed(failed)
         if failure is not None:
             raise failure
 

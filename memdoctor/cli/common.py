@@ -27,6 +27,8 @@ def add_script_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
     p.add_argument("--budget", type=size, metavar="SIZE", help="memory budget, e.g. 16GiB or 224MiB")
     p.add_argument("--source", choices=("auto", "dispatch", "allocator"), default="auto",
                    help="allocator (CUDA caching allocator) or dispatch (any device); auto picks")
+    p.add_argument("--light", action="store_true",
+                   help="CUDA: trace with the allocator's history and the model's own hooks only (cheapest)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.epilog = ("SCRIPT's own arguments follow it: `memdoctor %s train.py --epochs 3`; memdoctor's options "
                 "go before SCRIPT (or right after it, before the script's first argument); after --, every "

@@ -62,7 +62,8 @@ def traced(ns):
     try:
         stream = sys.stderr if ns.json else sys.stdout
         with working(ns, f"tracing {ns.script}"), contextlib.redirect_stdout(stream):
-            return trace_script(ns.script, script_argv(ns), budget=ns.budget, source=ns.source)
+            return trace_script(ns.script, script_argv(ns), budget=ns.budget, source=ns.source,
+                                mode="light" if getattr(ns, "light", False) else "full")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -18,10 +18,11 @@ ACT, TMP, INP = Category.ACTIVATIONS.value, Category.TEMPORARIES.value, Category
 OTHER = Category.OTHER.value
 STATE_PER_PARAM_BYTE = {"Adam": 2.0, "AdamW": 2.0, "NAdam": 2.0, "RAdam": 2.0, "Adamax": 2.0,
                         "Adagrad": 1.0, "RMSprop": 1.0, "Adadelta": 2.0, "Adafactor": 0.1}
-VOCAB_MIN = 8192
+VOCAB_MIN = 8192        # a last dimension this large on a projection's output is a vocabulary
+PRESSURE = 0.8          # a peak this close to the limit is under pressure
 DATASET_ROWS = 4        # a dataset holds at least this many batches
-_ACTIVE = (Phase.FORWARD.value, Phase.BACKWARD.value, Phase.FORWARD_NO_BACKWARD.value)
-PRESSURE = 0.8    # a last dimension this large on a projection's output is a vocabulary
+SLACK = 1.01            # an OOM message rounds each number to two decimals
+_ACTIVE = (Phase.FORWARD.value, Phase.BACKWARD.value, Phase.FORWARD_NO_BACKWARD.value)   # activations pile up
 
 
 @dataclass
@@ -204,8 +205,6 @@ def checked(a: dict) -> tuple[dict, list[str]]:
         a["process_in_use_bytes"], bad = None, bad + ["process_in_use_bytes"]
     return a, bad
 
-
-SLACK = 1.01            # the message rounds each number to two decimals
 
 
 def _other_from_message(f: Facts) -> None:

@@ -9,8 +9,11 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from memdoctor.predict.cpu_standin import CpuForCuda, cuda_built
+from memdoctor.predict.data_dependent import DataDependent
+from memdoctor.predict.eager_libraries import eager
 from memdoctor.predict.fake_build import call_build
 from memdoctor.predict.fake_step import force_cuda_default_foreach, train_step
+from memdoctor.predict.fused_rnn import cudnn_rnns
 from memdoctor.predict.fused_tables import FusedTables
 from memdoctor.remedies.plan import Plan
 
@@ -50,7 +53,9 @@ def compute_anchors(build: Callable, plan: Plan, device: str, est: Estimate, wor
 
 def memtracker_peak(build: Callable, plan: Plan | None, device: str = "cuda", steps: int = 2) -> int:
     """torch.distributed._tools.mem_tracker.MemTracker's peak (all categories, the target
-    device) for the same build and steps under FakeTensorMode."""
+    device) for the same build and steps under FakeTensorMode, with the same handling of what
+    fake tensors cannot run as the estimate's (data-dependent ops, cuDNN's fused RNNs,
+    libraries that detect fake tensors), so that it counts the same ops."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     target = torch.device(device).type
@@ -59,7 +64,8 @@ def memtracker_peak(build: Callable, plan: Plan | None, device: str = "cuda", st
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     redirect = CpuForCuda() if on_cpu else contextlib.nullcontext()
     tables = FusedTables()
-    with fake_mode, redirect:
+    rnns = cudnn_rnns(device_type="cpu" if on_cpu else "cuda") if target == "cuda" else contextlib.nullcontext()
+    with fake_mode, DataDependent(), redirect, rnns, eager() as libraries:
         mt = MemTracker()
         with mt:
             with torch.device(sim):
@@ -72,6 +78,7 @@ def memtracker_peak(build: Callable, plan: Plan | None, device: str = "cuda", st
             if target == "cuda":
                 force_cuda_default_foreach(optimizer)
             tables.watch(optimizer)
+            libraries.refresh()
             for _ in range(steps):
                 train_step(model, optimizer, batch, loss_fn, prepared, fake=True)
                 mt.reset_mod_stats()        # its per-module stats take one iteration at a time

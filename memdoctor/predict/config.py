@@ -57,7 +57,7 @@ def _plan(plan: str | None, **fields: Any) -> Plan:
         values = {k: getattr(parsed, k) for k in ("precision", "checkpointing", "micro_batch", "optimizer", "zero")}
     for key, value in fields.items():
         if value is not None:
-            if isinstance(value, str) and value.isdigit():
+            if isinstance(value, str) and value.isascii() and value.isdigit():    # not "²"
                 value = int(value)
             values[key] = value
     return Plan(**values)

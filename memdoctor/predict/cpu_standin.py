@@ -2,12 +2,13 @@
 (CpuForCuda), and, where the CPU would run other kernels than a GPU, CUDA's run instead, on
 fake tensors.
 
-- scaled_dot_product_attention: the CPU picks its flash kernel; an H100/H200 with torch 2.11
-  picks cuDNN attention for fp16/bf16 and memory-efficient attention for fp32 (seen in the
-  H200's allocator traces of GPT-2 and ViT-B/16). The
-  fake run calls those kernels' own ops, whose outputs, saved tensors and scratch
-  (memdoctor.cuda.kernel_scratch) are CUDA's. Masks, GQA and head sizes those kernels refuse
-  keep the CPU's choice.
+- scaled_dot_product_attention: the CPU picks its flash kernel; a GPU picks by dtype, mask,
+  head layout, grouped-query heads and sequence lengths (memdoctor.cuda.sdpa_backend: on an
+  H100/H200 with torch 2.11, cuDNN attention for fp16/bf16, memory-efficient for fp32, the
+  math fallback that keeps the softmax for fp32 grouped-query attention). The fake run calls
+  the chosen kernel's own op, whose outputs, saved tensors and scratch
+  (memdoctor.cuda.kernel_scratch) are CUDA's, with a boolean mask made additive as the
+  dispatcher makes it.
 - cross_entropy under autocast: CPU autocast runs log_softmax in fp32; CUDA autocast runs it
   in the input's dtype and casts to fp32 for nll_loss (the H200's op log: `_log_softmax`
   bf16 -> fp32 copy -> `nll_loss_forward` fp32), so logits cost half as much.
@@ -27,14 +28,13 @@ aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
 
 NOTE = (
-    "this torch has no CUDA, so the step ran on fake CPU tensors standing in for CUDA ones; attention "
-    "without a mask runs CUDA's kernels (cuDNN attention for fp16/bf16, memory-efficient for fp32, as "
-    "an H100/H200 picks them) and autocast's cross-entropy runs as on CUDA; what still differs: "
-    "attention with a mask (the CPU's kernel; its math path saves the seq x seq attention matrix that "
-    "CUDA never does), other autocast ops (CPU autocast's op lists differ from CUDA's), batch norm (CUDA "
-    "uses cuDNN and saves an extra reserve buffer), cuDNN's convolution workspaces (measured only on a "
-    "GPU), optimizer step counters (on the CPU on a GPU too, left out here), fused optimizer kernels "
-    "(CPU has fewer). Against an H200, transformers without attention masks estimate to the MiB here "
+    "this torch has no CUDA, so the step ran on fake CPU tensors standing in for CUDA ones; attention runs "
+    "the kernel CUDA's dispatcher picks (memdoctor.cuda.sdpa_backend, as on an H100/H200 with torch 2.11), "
+    "autocast's cross-entropy runs as on CUDA and nn.LSTM/GRU/RNN as cuDNN's fused kernel; what still "
+    "differs: other autocast ops (CPU autocast's op lists differ from CUDA's), batch norm (CUDA uses cuDNN "
+    "and saves an extra reserve buffer), cuDNN's convolution and RNN workspaces (measured only on a GPU), "
+    "optimizer step counters (on the CPU on a GPU too, left out here), fused optimizer kernels (CPU has "
+    "fewer). Against an H200, transformers without attention masks estimate to the MiB here "
     "(benchmarks/results/estimate_accuracy_cpu2_2026-11-30.json)")
 
 
@@ -70,25 +70,62 @@ def _is_cuda(value) -> bool:
 
 def attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                          enable_gqa=False):
-    """F.scaled_dot_product_attention through the kernel CUDA would pick, or None to keep the
-    CPU's (a mask, GQA, or shapes those kernels refuse)."""
-    if attn_mask is not None or enable_gqa or not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+    """F.scaled_dot_product_attention through the kernel CUDA would pick (memdoctor.cuda.
+    sdpa_backend: cuDNN, flash, memory-efficient or math), with the mask prepared as CUDA's
+    dispatcher prepares it for that kernel; None to keep the CPU's for what is not plain
+    tensors of 4 dimensions."""
+    from memdoctor.cuda.sdpa_backend import choose
+    tensors = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or any(t.is_nested for t in tensors):
         return None
-    if query.dim() != 4 or key.shape[:2] != query.shape[:2] or value.shape[:2] != query.shape[:2]:
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return None
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
-    head = query.shape[-1]
-    if dtype not in (torch.float32, *_HALF) or head % 8:
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         return None
-    # autocast casts attention's inputs to its dtype on CUDA too
-    query, key, value = (t.to(dtype) if t.dtype != dtype and t.is_floating_point() else t for t in (query, key, value))
+    autocast = torch.is_autocast_enabled("cpu")
+    dtype = torch.get_autocast_dtype("cpu") if autocast else query.dtype
+    if dtype not in (torch.float32, *_HALF, torch.float64):
+        return None
+
+    def cast(t):            # CUDA autocast casts attention's floating inputs, a float mask too
+        return t.to(dtype) if autocast and t is not None and t.is_floating_point() and t.dtype != dtype else t
+    query, key, value, attn_mask = cast(query), cast(key), cast(value), cast(attn_mask)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    backend = choose(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, requires_grad=grad)
     with torch.autocast("cpu", enabled=False):
-        if dtype in _HALF and head <= 128:
-            return aten._scaled_dot_product_cudnn_attention(query, key, value, None, grad, dropout_p, is_causal,
+        if backend == "cudnn":
+            mask = _boolean_mask_as_additive(attn_mask, query.dtype, -65504.0)
+            return aten._scaled_dot_product_cudnn_attention(query, key, value, mask, grad, dropout_p, is_causal,
                                                             False, scale=scale)[0]
-        return aten._scaled_dot_product_efficient_attention(query, key, value, None, grad, dropout_p, is_causal,
+        if backend == "flash":
+            return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
                                                             scale=scale)[0]
+        mask = _boolean_mask_as_additive(attn_mask, query.dtype, float("-inf"))
+        if backend == "efficient":
+            if mask is not None:
+                mask = _aligned_mask(mask).expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+            return aten._scaled_dot_product_efficient_attention(query, key, value, mask, grad, dropout_p,
+                                                                is_causal, scale=scale)[0]
+        return aten._scaled_dot_product_attention_math(query, key, value, mask, dropout_p, is_causal, None,
+                                                       scale=scale, enable_gqa=enable_gqa)[0]
+
+
+def _boolean_mask_as_additive(mask, dtype, fill: float):
+    """A boolean mask as the additive one the dispatcher makes of it (a new tensor of the
+    mask's shape: 0 where attended, `fill` elsewhere); other masks as they are."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.where(mask.logical_not(), fill, torch.zeros((), dtype=dtype, device=mask.device))
+
+
+def _aligned_mask(mask, alignment: int = 16):
+    """The memory-efficient kernel's bias: strides multiples of 16 elements, else a padded
+    copy sliced back to its size (attention.cpp, preprocess_mask)."""
+    if all(st % alignment == 0 for st in mask.stride()[:-1]):
+        return mask
+    last = mask.shape[-1]
+    pad = (alignment - last % alignment) % alignment
+    return F.pad(mask, (0, pad))[..., :last]
 
 
 def cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,

@@ -30,6 +30,9 @@ estimate uncertain.
 """
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -42,6 +45,7 @@ aten = torch.ops.aten
 
 MAX_INT_NUMEL = 1 << 24          # integer / bool tensors: masks, ids, labels, positions, routing
 MAX_FLOAT_NUMEL = 1 << 16        # floating tensors: a mask's additive form, rotary tables; not activations
+MAX_STAND_IN_NUMEL = 1 << 26     # zeros standing in for unknown inputs, for an output's shape
 
 # ops whose output size follows from values: bounded by their input's size when unknown
 _SIZE_FROM_VALUES = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
@@ -51,6 +55,7 @@ _CHOOSERS = {"topk", "argmax", "argmin", "sort", "argsort", "max", "min", "kthva
 # checks that only assert on values (torch._assert_async, torch._check on tensors)
 _ASSERTS = {"_assert_async", "_functional_assert_async", "_assert_scalar", "_functional_assert_scalar",
             "_assert_tensor_metadata"}
+_INTERNAL = ("/torch/", "/memdoctor/", "<frozen", "contextlib.py")
 # fake kernels stricter than the real ones: run on stand-ins of this dtype for the shape
 _DTYPE_STAND_INS = {"_grouped_mm": torch.bfloat16}
 
@@ -61,6 +66,26 @@ def _device_to_cpu(x):
     if isinstance(x, str) and x.startswith(("cuda", "meta")):
         return "cpu"
     return x
+
+
+def _where() -> str:
+    """The innermost caller outside torch and memdoctor: the line whose op read a value."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not any(part in path for part in _INTERNAL):
+            parts = path.replace("\\", "/").split("/")
+            short = "/".join(parts[parts.index("site-packages") + 1:]) if "site-packages" in parts else parts[-1]
+            return f"{short}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return "an unknown line"
+
+
+@contextlib.contextmanager
+def _real():
+    """Plain tensors: no dispatch mode (FakeTensorMode among them) sees what runs inside."""
+    with _disable_current_modes(), torch._C._DisableTorchDispatch(), torch.no_grad():
+        yield
 
 
 def _small(t: torch.Tensor) -> bool:
@@ -94,7 +119,8 @@ class DataDependent(TorchDispatchMode):
         """Keep `real` (moved to the CPU) as the values of `fake`, if it is small enough."""
         if isinstance(fake, FakeTensor) and isinstance(real, torch.Tensor) and _small(fake) \
                 and tuple(real.shape) == tuple(fake.shape):
-            self.values[fake] = real.detach().to("cpu")
+            with _real():
+                self.values[fake] = real.detach().to("cpu")
             if assumed:
                 self.assumed[fake] = assumed
             if self.stale:
@@ -124,8 +150,6 @@ class DataDependent(TorchDispatchMode):
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         reals = [self.value(t) for t in tensors]
         known = all(r is not None for r in reals)
-        if name == "_local_scalar_dense" or name in _SIZE_FROM_VALUES or name == "equal" or name == "is_nonzero":
-            return self._data_dependent(func, name, args, kwargs, flat, spec, tensors, reals, known)
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
@@ -153,13 +177,14 @@ class DataDependent(TorchDispatchMode):
         swap = {id(t): r for t, r in zip(tensors, reals)}
         real_flat = [swap.get(id(x), x) if isinstance(x, torch.Tensor) else _device_to_cpu(x) for x in flat]
         real_args, real_kwargs = tree_unflatten(real_flat, spec)
-        with _disable_current_modes(), torch._C._DisableTorchDispatch(), torch.no_grad():
+        with _real():
             return func(*real_args, **real_kwargs)
 
     def _shadow(self, func, args, kwargs, flat, spec, tensors, reals, out) -> None:
-        """Compute the real output of an op on known inputs, where the output is small."""
+        """Run an op on the real values of its known inputs: its small outputs are known
+        too, and what it writes in place stays known."""
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        if not outs or not all(isinstance(o, FakeTensor) and _small(o) for o in outs):
+        if not all(isinstance(o, FakeTensor) and _small(o) for o in outs):
             self._mark_written(func, args, kwargs)
             return
         try:
@@ -209,7 +234,7 @@ class DataDependent(TorchDispatchMode):
             return
         dim = self._dim_of(name, args, source)
         n = max(int(source.shape[dim]) if source.dim() else 1, 1)
-        with _disable_current_modes(), torch._C._DisableTorchDispatch():
+        with _real():
             if idx.dim() and idx.dim() == source.dim():
                 shape = list(idx.shape)
                 k = shape.pop(dim)
@@ -237,22 +262,41 @@ class DataDependent(TorchDispatchMode):
         assumed = self._assumptions(tensors)
         if known:
             if assumed:
-                self._note(f"assumed:{sorted(assumed)}:{name}",
+                self._note(f"assumed:{sorted(assumed)}",
                            f"{', '.join(sorted(assumed))} chose from values the estimate does not have (a router's "
-                           f"experts, a sampled token): assumed spread evenly over the candidates, so aten.{name} "
-                           "sees an even share (the split of a real run differs by a few percent)")
+                           "experts, a sampled token): assumed spread evenly over the candidates, so what depends "
+                           f"on the choice (aten.{name}: one expert's share of the tokens) is the mean; a real run's "
+                           "split differs by a few percent")
             real = self._real_call(func, flat, spec, tensors, reals)
             if not isinstance(real, torch.Tensor) and not isinstance(real, (tuple, list)):
                 return real                                             # a Python scalar
             return self._fake_like(real, tensors[0] if tensors else None, assumed)
         if name in ("_local_scalar_dense", "equal", "is_nonzero"):
             dtype = tensors[0].dtype if tensors else torch.bool
-            self._note(f"scalar:{name}", f"aten.{name} read a value the estimate does not have (computed from "
-                       "activations or weights): taken as 0 / False, the branch with nothing unusual")
+            self._note(f"scalar:{_where()}", f"a value read at {_where()} (aten.{name}: .item(), bool(), a "
+                       "comparison) depends on weights or activations, which the estimate does not have: taken as "
+                       "0 / False, the branch with nothing unusual")
             if name != "_local_scalar_dense" or dtype == torch.bool:
                 return False
             return 0.0 if dtype.is_floating_point else 0
-        return self._bounded(func, name, args, kwargs)
+        if name in _SIZE_FROM_VALUES or name == "index":
+            return self._bounded(func, name, args, kwargs)
+        return self._on_stand_ins(func, name, flat, spec, tensors, reals)
+
+    def _on_stand_ins(self, func, name, flat, spec, tensors, reals):
+        """An op whose output shape follows from the values of its known inputs (lengths,
+        offsets) and not from its unknown ones: run for real with zeros in their place."""
+        unknown = [t for t, r in zip(tensors, reals) if r is None]
+        if sum(t.numel() for t in unknown) > MAX_STAND_IN_NUMEL:
+            raise DynamicOutputShapeException(func)
+        with _real():
+            zeros = [torch.zeros(tuple(t.shape), dtype=t.dtype) if r is None else r for t, r in zip(tensors, reals)]
+        real = self._real_call(func, flat, spec, tensors, zeros)
+        self._note(f"stand-in:{name}", f"aten.{name}'s output shape depends on the values of its inputs: taken "
+                   "from a run on the CPU with the lengths the batch gives and zeros for the activations")
+        device = tensors[0].device if tensors else torch.device("cpu")
+        return tree_map(lambda r: torch.empty_strided(tuple(r.shape), tuple(r.stride()), dtype=r.dtype, device=device)
+                        if isinstance(r, torch.Tensor) else r, real)
 
     def _fake_like(self, real, like, assumed: frozenset = frozenset()):
         """Fake tensors on the fake device holding `real`'s shapes (and remembering its values)."""
@@ -276,7 +320,9 @@ class DataDependent(TorchDispatchMode):
             mask = self.value(args[1])
             if mask is not None:
                 shape = torch.broadcast_shapes(x.shape, mask.shape)
-                return torch.empty((int(mask.expand(shape).sum()),), dtype=x.dtype, device=x.device)
+                with _real():
+                    n = int(mask.expand(shape).sum())
+                return torch.empty((n,), dtype=x.dtype, device=x.device)
         self._note_bound(name)
         if name in ("nonzero", "argwhere"):
             return torch.empty((x.numel(), x.dim()), dtype=torch.int64, device=x.device)
@@ -305,7 +351,7 @@ class DataDependent(TorchDispatchMode):
             if isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8):
                 known = self.value(idx)
                 if known is not None:
-                    with _disable_current_modes(), torch._C._DisableTorchDispatch():
+                    with _real():
                         rows = known.nonzero().unbind(1)
                     swapped += [self._fake_like(r, idx) for r in rows]
                 else:

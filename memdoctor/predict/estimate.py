@@ -59,6 +59,8 @@ from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorMode
 from memdoctor.cuda.kernel_scratch import Gpu
 from memdoctor.predict import cpu_standin
 from memdoctor.predict.data_dependent import DataDependent
+from memdoctor.predict.eager_libraries import eager
+from memdoctor.predict.fused_rnn import cudnn_rnns
 from memdoctor.predict.anchors import compute_anchors
 from memdoctor.predict.distributed import one_rank
 from memdoctor.predict.events import batch_blocks, insert_events, inputs_are_the_batch
@@ -251,6 +253,10 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     values = DataDependent()
+    rnn_notes: list[str] = []
+    rnns = cudnn_rnns(probe=conv_probe is not None, notes=rnn_notes,
+                      device_type="cpu" if target.cpu_for_cuda else "cuda") if target.device == "cuda" \
+        else contextlib.nullcontext()
     redirect = cpu_standin.CpuForCuda() if target.cpu_for_cuda else contextlib.nullcontext()
     cuda_kernels = cpu_standin.cuda_kernels() if target.cpu_for_cuda else contextlib.nullcontext()
     tracer = Tracer(source="dispatch")
@@ -258,7 +264,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     forced_foreach = False
     stage = "building the model, optimizer and batch"
     try:
-        with fake_mode, values, redirect, cuda_kernels:
+        with fake_mode, values, redirect, cuda_kernels, rnns, eager() as libraries:
             with tracer:
                 watch = KernelWatch(tracer.recorder, Gpu.local() if target.device == "cuda" else None, conv_probe)
                 with watch:
@@ -280,6 +286,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
                         forced_foreach = force_cuda_default_foreach(optimizer)
                     tables.watch(optimizer)
                     stage = "running the training step"
+                    libraries.refresh()
                     for _ in range(steps):
                         train_step(model, optimizer, batch, loss_fn, prepared, fake=True)
                     del built, batch, prepared
@@ -296,7 +303,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     run = tracer.run
     inputs_are_the_batch(run, batch_ids)
     return _FakeRun(run, watch, n_params, param_bytes, grad_bytes, forced_foreach,
-                    in_place=sums_in_place(run, watch.accumulations), uncertain=values.notes())
+                    in_place=sums_in_place(run, watch.accumulations), uncertain=values.notes() + rnn_notes)
 
 
 def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, notes: list[str]) -> int:

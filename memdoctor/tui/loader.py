@@ -124,7 +124,7 @@ def printable_run(run: Run) -> Run:
         item.module = None if item.module is None else printable(item.module)
     for o in run.ooms:
         o.message = printable(o.message, newlines=True)
-    run.script = None if run.script is None else printable(run.script)
+    run.source, run.script = printable(run.source), None if run.script is None else printable(run.script)
     run.argv, run.device, run.meta = printable_data(run.argv), printable_data(run.device), printable_data(run.meta)
     run.torch_version, run.sources = printable(run.torch_version), printable_data(run.sources)
     return run

@@ -46,5 +46,5 @@ def check(f: Facts) -> Finding | None:
     remedies = [Remedy("free gradients before the forward",
                        "optimizer.zero_grad(set_to_none=True) right after optimizer.step()", predicted),
                 Remedy("optimizer step in backward", "Plan(optimizer='in-backward')", predicted, "opt=in-backward")]
-    return Finding(ID, f"gradients take {format_bytes(grads)} during the forward pass", grads, evidence,
-                   remedies, free_fix_tier(f, predicted), fits(f, predicted))
+    return Finding(ID, f"gradients kept from the last step take {format_bytes(grads)} while activations pile up",
+                   grads, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted))
