@@ -166,8 +166,9 @@ def main() -> int:
         else:
             print(f"{name:28s} {r['step_ms']:8.3f} {r['state_bytes_per_param']:13.3f} "
                   f"{r['final_loss_mean_last_100']:12.4f} {r['max_gap_to_fp32_smoothed']:8.4f}")
+    commit = os.environ.get("BENCH_COMMIT")      # a copy of the tree whose .git is not the checkout's
     try:
-        commit = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
+        commit = commit or subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
                                          cwd=os.path.dirname(os.path.abspath(__file__))).strip()
     except Exception:
         commit = "unknown"

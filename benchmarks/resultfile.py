@@ -39,6 +39,8 @@ def provenance() -> dict:
                                     capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
+    if os.environ.get("BENCH_COMMIT"):      # a copy of the tree whose .git is not the checkout's (a GPU machine)
+        commit, dirty = os.environ["BENCH_COMMIT"], None
     versions = {"python": platform.python_version()}
     for name in ("torch", "transformers", "triton", "plotly", "textual"):
         module = sys.modules.get(name)

@@ -73,6 +73,8 @@ def configs(only: list[str] | None, modes: list[str]) -> list[dict]:
         if only and name not in only:
             continue
         for mode in modes:
+            if mode == "ckpt" and arch.checkpointing == "none":
+                continue
             for i, batch in enumerate(arch.batches):
                 own = mode == "ckpt" and arch.checkpointing == "model"
                 plan = {"fp32": None, "bf16": "bf16", "ckpt": None if own else "ckpt=full"}[mode]

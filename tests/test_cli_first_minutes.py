@@ -89,10 +89,11 @@ def saved_run(tmp_path):
 
     from memdoctor.capture.session import Tracer
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+    x = torch.randn(4096, 64)       # made before the trace: the budget counts what comes inside
     tracer = Tracer([model], budget="1MiB", source="dispatch")
     with pytest.raises(torch.OutOfMemoryError):
         with tracer:
-            model(torch.randn(4096, 64)).sum().backward()
+            model(x).sum().backward()
     path = tmp_path / "r.memrun.json.gz"
     tracer.run.save(path)
     return path

@@ -3,20 +3,20 @@ weights, configurations written here (no downloads), independent of memdoctor.
 
     from zoo_models import ZOO, build
     model, optimizer, batch, loss_fn = build("llama", batch=4)            # on the default device
-    model, optimizer, batch, loss_fn = build("t5", batch=8, own_checkpointing=True)
+    model, optimizer, batch, loss_fn = build("lstm", batch=16, own_checkpointing=True)
 
 Each Arch makes the model (`make()`), a batch of `n` samples (`inputs(n)`, a dict of tensors
 on the default device, as a data loader and tokenizer give them: attention masks included)
-and the mean loss (`loss(model, batch)`). `batches` are the two batch sizes measured;
+and the mean loss (`loss(model, batch)`). `batches` are the two batch sizes measured.
 `checkpointing` says how full activation checkpointing is applied: "plan" (a generic
-block-wrapping remedy such as memdoctor's ckpt=full finds the repeated blocks) or "model"
-(the model's own gradient_checkpointing_enable(): transformers' for a layer shared by all
-blocks, the RNN language model's around its recurrent stack). Sizes are cut down (few layers) so that
-an estimate takes seconds, with widths and sequence lengths of the real models so that the
-memory is theirs in kind; the largest configuration stays under ~13 GiB on a GPU.
+block-wrapping remedy such as memdoctor's ckpt=full finds the repeated blocks), "model" (the
+model's own gradient_checkpointing_enable(): the RNN language models', around the recurrent
+stack) or "none" (ALBERT: one layer shared by all blocks, which neither can wrap).
 
-transformers models need transformers; torchvision's only where torchvision imports (they
-are left out of ZOO otherwise); the rest is plain torch.
+Sizes are cut down (few layers) so that an estimate takes seconds, with the real models'
+widths, vocabularies and sequence lengths so that the memory is theirs in kind; the largest
+configuration stays under ~13 GiB on a GPU. transformers models need transformers;
+torchvision's are in the zoo only where torchvision imports; the rest is plain torch.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class Arch:
     inputs: Callable[[int], dict]
     loss: Callable[[nn.Module, dict], torch.Tensor]
     batches: tuple[int, int]
-    checkpointing: str = "plan"                  # "plan" or "model"
+    checkpointing: str = "plan"                  # "plan", "model" or "none"
     source: str = "transformers"                 # transformers, torchvision, torch
 
 
@@ -182,7 +182,7 @@ def _transformers_zoo() -> list[Arch]:
         Arch("albert", "encoder", _hf("AlbertForMaskedLM", "AlbertConfig", vocab_size=30000, embedding_size=128,
                                      hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
                                      intermediate_size=3072),
-             _tokens(30000, 512), _hf_loss, (8, 16), checkpointing="model"),         # one shared layer
+             _tokens(30000, 512), _hf_loss, (8, 16), checkpointing="none"),          # one layer shared by all: no ckpt
         Arch("electra", "encoder", _hf("ElectraForMaskedLM", "ElectraConfig", vocab_size=30522, embedding_size=256,
                                       hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
                                       intermediate_size=1024),
@@ -381,9 +381,11 @@ def _torch_zoo() -> list[Arch]:
 
 # ----------------------------------------------------------------------- torchvision
 def _tv(name: str, **kwargs) -> Callable[[], nn.Module]:
+    """torchvision.models.<name> ("detection.<name>" for a submodule's), random weights."""
     def make() -> nn.Module:
-        import torchvision
-        return getattr(torchvision.models, name)(weights=None, **kwargs)
+        import importlib
+        module, _, fn = f"torchvision.models.{name}".rpartition(".")
+        return getattr(importlib.import_module(module), fn)(weights=None, **kwargs)
     return make
 
 
@@ -421,10 +423,10 @@ def _torchvision_zoo() -> list[Arch]:
              (64, 128), source="torchvision"),
         Arch("tv-efficientnet-b0", "vision", _tv("efficientnet_b0"), _images(224, 1000), _classifier_loss,
              (32, 64), source="torchvision"),
-        Arch("tv-deeplabv3", "segmentation", _tv("deeplabv3_resnet50", weights_backbone=None, num_classes=21,
+        Arch("tv-deeplabv3", "segmentation", _tv("segmentation.deeplabv3_resnet50", weights_backbone=None, num_classes=21,
                                                  aux_loss=True),
              _seg_inputs, _seg_loss, (4, 8), source="torchvision"),
-        Arch("tv-fasterrcnn", "detection", _tv("fasterrcnn_mobilenet_v3_large_fpn", weights_backbone=None,
+        Arch("tv-fasterrcnn", "detection", _tv("detection.fasterrcnn_mobilenet_v3_large_fpn", weights_backbone=None,
                                                num_classes=91),
              _detection_inputs, _detection_loss, (4, 8), source="torchvision"),
     ]

@@ -360,7 +360,7 @@ class OwnershipHooks:
         """The backward() call finished: a step boundary when no optimizer steps are seen."""
         try:
             rec = self.rec
-            rec.mark(rec.outer_phase())
+            rec.mark()      # the phase stays: the engine still holds its seed gradient here
             self.backward_ends.append(len(rec.run.marks) - 1)
             if rec.claims is not None and not self.optimizers:    # a hand-written update: no step hook claims the grads
                 self._claim_model_grads()

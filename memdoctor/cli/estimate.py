@@ -5,6 +5,7 @@ import contextlib
 import sys
 
 from memdoctor.cli.common import EXIT_OK, EXIT_OOM, UsageError, check_script, script_argv, size
+from memdoctor.cli.hf_args import add_hf_args, hf_model
 from memdoctor.cli.progress import working
 
 
@@ -35,15 +36,18 @@ def add_parser(sub) -> None:
                    help="use no GPU memory: do not measure cuDNN's convolution workspaces on this machine's GPU")
     p.add_argument("-o", "--output", metavar="RUN", help="also save the predicted run here")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_hf_args(p)
     p.set_defaults(execute=execute)
 
 
 def execute(ns) -> int:
-    if ns.script and ns.model:
-        raise UsageError("give a SCRIPT or --model, not both")
-    if not ns.script and not ns.model:
+    hf = hf_model(ns)
+    if sum(bool(x) for x in (ns.script, ns.model, hf)) > 1:
+        raise UsageError("give one of a SCRIPT, --model or --hf/--hf-config")
+    if not ns.script and not ns.model and hf is None:
         from memdoctor.predict.models import MODELS
-        raise UsageError(f"give --model NAME or a SCRIPT with build(); known models: {', '.join(MODELS)}")
+        raise UsageError(f"give --model NAME, --hf TYPE, --hf-config FILE or a SCRIPT with build(); known models: "
+                         f"{', '.join(MODELS)}")
     if ns.script:
         check_script(ns.script)
     from memdoctor.predict.config import estimate_config
@@ -51,9 +55,9 @@ def execute(ns) -> int:
     from memdoctor.report.json import dumps, estimate_json
     try:
         stream = sys.stderr if ns.json else sys.stdout
-        with working(ns, f"estimating {ns.model or ns.script}"), contextlib.redirect_stdout(stream):
+        with working(ns, f"estimating {ns.model or ns.script or hf.name}"), contextlib.redirect_stdout(stream):
             est = estimate_config(
-                ns.model, ns.script, script_argv(ns), batch=ns.batch, seq=ns.seq, image_size=ns.image_size,
+                ns.model, ns.script, script_argv(ns), hf=hf, batch=ns.batch, seq=ns.seq, image_size=ns.image_size,
                 precision=ns.precision, checkpointing=ns.checkpointing, micro_batch=ns.micro_batch,
                 optimizer=ns.optimizer, plan=ns.plan, world_size=ns.world_size, zero=ns.zero,
                 budget=ns.budget, device=ns.device, anchors=ns.anchors,

@@ -1,5 +1,6 @@
-"""`memdoctor estimate`'s configurations: a known model (memdoctor.predict.models) or a script's
-build(), a batch shape, an optimizer and a plan, turned into one estimate."""
+"""`memdoctor estimate`'s configurations: a known model (memdoctor.predict.models), a script's
+build() or a transformers model (memdoctor.predict.hf_models), a batch shape, an optimizer and a
+plan, turned into one estimate."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +9,7 @@ from typing import Any
 
 from memdoctor.capture.script import script_build
 from memdoctor.predict.estimate import estimate_built
+from memdoctor.predict.hf_models import HfModel
 from memdoctor.predict.result import Estimate
 from memdoctor.remedies.plan import OPTIMIZERS as SWAPS
 from memdoctor.remedies.plan import Plan
@@ -15,17 +17,20 @@ from memdoctor.remedies.plan import Plan
 __all__ = ["estimate_config"]
 
 
-def estimate_config(model: str | None = None, script: str | None = None, script_args=(), *, batch: int = 8,
+def estimate_config(model: str | None = None, script: str | None = None, script_args=(), *,
+                    hf: HfModel | None = None, batch: int = 8,
                     seq: int | None = None, image_size: int | None = None, precision: str | None = None,
                     checkpointing: str | int | None = None, micro_batch: str | int | None = None,
                     optimizer: str = "adamw", plan: str | None = None, world_size: int = 1,
                     zero: int | None = None, budget: int | None = None, device: str = "cuda",
                     anchors: bool = False, probe_gpu: bool | None = None, settle: bool = True) -> Estimate:
-    """The estimate of a known model (memdoctor.predict.models) or of a script's build(),
-    as `memdoctor estimate` takes them; ValueError for a configuration that makes no sense.
-    A script's sys.argv (`script_args`) and sys.path hold for the whole estimate."""
-    if (model is None) == (script is None):
-        raise ValueError("give a model (--model NAME) or a SCRIPT exposing build()")
+    """The estimate of a known model (memdoctor.predict.models), of a script's build() or of a
+    transformers model (`hf`), as `memdoctor estimate` takes them; ValueError for a
+    configuration that makes no sense. A script's sys.argv (`script_args`) and sys.path hold
+    for the whole estimate."""
+    if sum(x is not None for x in (model, script, hf)) != 1:
+        raise ValueError("give one of a model (--model NAME), a SCRIPT exposing build(), or a transformers "
+                         "model (--hf TYPE or --hf-config FILE)")
     if batch < 1:
         raise ValueError("--batch must be at least 1")
     if world_size < 1:
@@ -39,6 +44,9 @@ def estimate_config(model: str | None = None, script: str | None = None, script_
     if script is not None:
         building = script_build(script, script_args)
         config = {"script": os.path.abspath(script)}
+    elif hf is not None:
+        build, config = hf.builder(batch, seq=seq, image_size=image_size, optimizer=base)
+        building = contextlib.nullcontext(build)
     else:
         building, config = _known_model(model, batch, seq, image_size, base)
     with building as build:

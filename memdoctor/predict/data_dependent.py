@@ -48,14 +48,18 @@ MAX_FLOAT_NUMEL = 1 << 16        # floating tensors: a mask's additive form, rot
 MAX_STAND_IN_NUMEL = 1 << 26     # zeros standing in for unknown inputs, for an output's shape
 
 # ops whose output size follows from values: bounded by their input's size when unknown
+# (non-maximum suppression keeps at most every box)
 _SIZE_FROM_VALUES = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-                     "unique_dim_consecutive", "_unique", "argwhere"}
+                     "unique_dim_consecutive", "_unique", "argwhere", "nms", "qnms"}
 # ops that pick indices from values: assumed spread evenly when their input is unknown
 _CHOOSERS = {"topk", "argmax", "argmin", "sort", "argsort", "max", "min", "kthvalue", "mode", "multinomial"}
 # checks that only assert on values (torch._assert_async, torch._check on tensors)
 _ASSERTS = {"_assert_async", "_functional_assert_async", "_assert_scalar", "_functional_assert_scalar",
             "_assert_tensor_metadata"}
 _INTERNAL = ("/torch/", "/memdoctor/", "<frozen", "contextlib.py")
+# ops whose output values do not depend on their tensor inputs' values (only on their shapes)
+_VALUE_FREE = {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones", "new_full",
+               "new_empty", "new_empty_strided", "rand_like", "randn_like", "randint_like"}
 # fake kernels stricter than the real ones: run on stand-ins of this dtype for the shape
 _DTYPE_STAND_INS = {"_grouped_mm": torch.bfloat16}
 
@@ -150,6 +154,11 @@ class DataDependent(TorchDispatchMode):
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         reals = [self.value(t) for t in tensors]
         known = all(r is not None for r in reals)
+        if not known and name in _VALUE_FREE:          # only the shapes matter: zeros stand in
+            with _real():
+                reals = [r if r is not None else torch.zeros((), dtype=t.dtype).expand(tuple(t.shape))
+                         for t, r in zip(tensors, reals)]
+            known = True
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
@@ -263,10 +272,10 @@ class DataDependent(TorchDispatchMode):
         if known:
             if assumed:
                 self._note(f"assumed:{sorted(assumed)}",
-                           f"{', '.join(sorted(assumed))} chose from values the estimate does not have (a router's "
-                           "experts, a sampled token): assumed spread evenly over the candidates, so what depends "
-                           f"on the choice (aten.{name}: one expert's share of the tokens) is the mean; a real run's "
-                           "split differs by a few percent")
+                           f"{', '.join(sorted(assumed))} chose indices from values the estimate does not have (a "
+                           "router's experts, the top-scoring boxes, a sampled token): taken as spread evenly over "
+                           f"the candidates, so what depends on the choice (aten.{name}) is the average case; a real "
+                           "run's split differs by a few percent")
             real = self._real_call(func, flat, spec, tensors, reals)
             if not isinstance(real, torch.Tensor) and not isinstance(real, (tuple, list)):
                 return real                                             # a Python scalar
@@ -324,11 +333,26 @@ class DataDependent(TorchDispatchMode):
                     n = int(mask.expand(shape).sum())
                 return torch.empty((n,), dtype=x.dtype, device=x.device)
         self._note_bound(name)
-        if name in ("nonzero", "argwhere"):
-            return torch.empty((x.numel(), x.dim()), dtype=torch.int64, device=x.device)
+        if name in ("nonzero", "argwhere"):             # every position, in order
+            with _real():
+                every = torch.ones(tuple(x.shape), dtype=torch.bool).nonzero() if x.numel() <= MAX_INT_NUMEL else None
+            out = torch.empty((x.numel(), x.dim()), dtype=torch.int64, device=x.device)
+            if every is not None:
+                self.remember(out, every)
+            return out
+        if name in ("nms", "qnms"):                     # every box kept
+            out = torch.empty((x.shape[0],), dtype=torch.int64, device=x.device)
+            with _real():
+                self.remember(out, torch.arange(x.shape[0]))
+            return out
         if name == "masked_select":
-            n = torch.broadcast_shapes(x.shape, args[1].shape).numel()
-            return torch.empty((n,), dtype=x.dtype, device=x.device)
+            shape = torch.broadcast_shapes(x.shape, args[1].shape)
+            out = torch.empty((shape.numel(),), dtype=x.dtype, device=x.device)
+            known = self.value(x)
+            if known is not None:
+                with _real():
+                    self.remember(out, known.expand(shape).reshape(-1))
+            return out
         if name in ("_unique2", "unique_consecutive"):
             flags = list(args[1:]) + [kwargs.get(k) for k in ("return_inverse", "return_counts")]
             inverse = bool(flags[1] if name == "_unique2" else flags[0]) if len(flags) > 1 else False
@@ -354,10 +378,16 @@ class DataDependent(TorchDispatchMode):
                     with _real():
                         rows = known.nonzero().unbind(1)
                     swapped += [self._fake_like(r, idx) for r in rows]
-                else:
+                else:                   # every position selected
                     self._note_bound("index")
                     n = idx.numel()
-                    swapped += [torch.zeros((n,), dtype=torch.int64, device=idx.device) for _ in range(idx.dim())]
+                    with _real():
+                        rows = torch.ones(tuple(idx.shape), dtype=torch.bool).nonzero().unbind(1) \
+                            if n <= MAX_INT_NUMEL else None
+                    if rows is not None:
+                        swapped += [self._fake_like(r, idx) for r in rows]
+                    else:
+                        swapped += [torch.zeros((n,), dtype=torch.int64, device=idx.device) for _ in range(idx.dim())]
             else:
                 swapped.append(idx)
         return func(x, swapped, **kwargs)

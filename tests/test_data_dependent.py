@@ -1,0 +1,186 @@
+"""Data-dependent ops and ops without fake kernels in the estimate (memdoctor.predict.data_dependent,
+fused_rnn): values the batch carries are used as a GPU would use them, unknown ones are
+assumed or bounded from above and noted, and nothing crashes."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memdoctor.predict.estimate import estimate
+from memdoctor.predict.fused_rnn import RnnShape, bound
+
+MiB = 1 << 20
+
+
+def _estimate(model_fn, batch_fn, loss_fn, **kw):
+    return estimate(model_fn, None, batch_fn, loss_fn, device="cuda", probe_gpu=False, **kw)
+
+
+class Branchy(nn.Module):
+    """Reads a mask's values the way transformers does (`mask.all()`): with padding it builds
+    a large extra tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(256, 256)
+
+    def forward(self, x, mask):
+        h = self.lin(x)
+        if not bool(mask.all()):                  # padding present: a (batch, seq, seq) bias
+            bias = mask[:, None, :].float().expand(-1, x.shape[1], -1).contiguous()
+            h = h + bias.sum(-1, keepdim=True)
+        return h
+
+
+def _branchy_batch(pad: bool):
+    def batch():
+        mask = torch.ones(4, 1024, dtype=torch.long)
+        if pad:
+            mask[:, -8:] = 0
+        return torch.randn(4, 1024, 256), mask
+    return batch
+
+
+def _branchy_loss(model, batch):
+    return model(*batch).square().mean()
+
+
+def test_a_value_the_batch_carries_picks_the_branch_a_gpu_takes():
+    plain = _estimate(Branchy, _branchy_batch(False), _branchy_loss)
+    padded = _estimate(Branchy, _branchy_batch(True), _branchy_loss)
+    extra = 4 * 1024 * 1024 * 4                   # the fp32 bias the padded branch builds
+    assert any(b.nbytes == extra for b in padded.run.blocks.values())
+    assert not any(b.nbytes == extra for b in plain.run.blocks.values())
+    assert not any("depends on weights" in n for n in plain.notes + padded.notes)
+
+
+class Selects(nn.Module):
+    """Boolean indexing and masked_select by labels (known) and by activations (unknown)."""
+
+    def __init__(self, by_activation: bool):
+        super().__init__()
+        self.emb = nn.Embedding(1000, 512)
+        self.by_activation = by_activation
+
+    def forward(self, ids, labels):
+        h = self.emb(ids)
+        keep = (h[..., 0] > 0) if self.by_activation else (labels != -100)
+        return h[keep].square().mean() + torch.masked_select(h[..., 1], keep).mean()
+
+
+def _select_batch(ignored: int):
+    def batch():
+        ids = torch.randint(0, 1000, (8, 512))
+        labels = ids.clone()
+        labels[:, 512 - ignored:] = -100
+        return ids, labels
+    return batch
+
+
+def _select_loss(model, batch):
+    return model(*batch)
+
+
+def test_a_mask_from_labels_selects_exactly_what_it_would_on_a_gpu():
+    few = _estimate(lambda: Selects(False), _select_batch(448), _select_loss, settle=False)
+    many = _estimate(lambda: Selects(False), _select_batch(0), _select_loss, settle=False)
+    assert many.peak_allocated_bytes > few.peak_allocated_bytes
+    assert not any("bounded from above" in n for n in few.notes)
+
+
+def test_a_mask_from_activations_is_bounded_from_above_and_noted():
+    est = _estimate(lambda: Selects(True), _select_batch(0), _select_loss, settle=False)
+    exact = _estimate(lambda: Selects(False), _select_batch(0), _select_loss, settle=False)
+    assert est.peak_allocated_bytes >= exact.peak_allocated_bytes      # every position selected
+    assert any("aten.index" in n and "bounded from above" in n for n in est.notes), est.notes
+
+
+class LoopMoE(nn.Module):
+    """Top-2 routing over 8 experts, each run on the tokens routed to it (torch.where), the way
+    transformers' eager experts do."""
+
+    def __init__(self, dim=256, experts=8):
+        super().__init__()
+        self.router = nn.Linear(dim, experts)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+                                     for _ in range(experts))
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        weights, chosen = torch.topk(self.router(flat).softmax(-1), 2, dim=-1)
+        mask = F.one_hot(chosen, len(self.experts)).permute(2, 1, 0)
+        out = torch.zeros_like(flat)
+        for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero():
+            slot, token = torch.where(mask[e[0]])
+            y = self.experts[int(e[0])](flat[token]) * weights[token, slot, None]
+            out = out.index_add(0, token, y)
+        return out.reshape(x.shape)
+
+
+def test_moe_routing_is_assumed_even_and_says_so():
+    est = _estimate(LoopMoE, lambda: torch.randn(4, 256, 256), lambda m, b: m(b).square().mean(), settle=False)
+    assert any("aten.topk" in n and "spread evenly" in n for n in est.notes), est.notes
+    # each token's activations are kept for two experts: about 2 x tokens x 4 x dim floats per layer
+    assert est.peak_allocated_bytes > 2 * 1024 * 1024 * 4
+
+
+class ReadsActivation(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(1024, 1024)          # too large to run for real: its values stay unknown
+
+    def forward(self, x):
+        h = self.lin(x)
+        if h.abs().max().item() > 1e6:            # a guard against blow-ups: never taken in a healthy step
+            h = h / 1e6
+        return h
+
+
+def test_a_scalar_read_from_activations_is_taken_as_the_usual_branch_and_noted_with_its_line():
+    est = _estimate(ReadsActivation, lambda: torch.randn(128, 1024), lambda m, b: m(b).mean(), settle=False)
+    note = next(n for n in est.notes if "taken as 0 / False" in n)
+    assert "test_data_dependent.py" in note and "(forward)" in note
+
+
+class Lstm(nn.Module):
+    def __init__(self, cell="LSTM"):
+        super().__init__()
+        self.rnn = getattr(nn, cell)(256, 512, num_layers=2, batch_first=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+def test_cudnn_rnns_run_fused_with_their_reserve_space_bounded_and_noted():
+    for cell, gates in (("LSTM", 4), ("GRU", 3)):
+        est = _estimate(lambda: Lstm(cell), lambda: torch.randn(16, 128, 256), lambda m, b: m(b).mean(), settle=False)
+        assert any("cuDNN RNN" in n and "bounded from above" in n for n in est.notes), est.notes
+        shape = RnnShape(cell.lower(), 256, 512, 0, 2, 1, 16, 128, torch.float32, True)
+        reserve = bound(shape).reserve
+        assert reserve == 2 * 128 * 16 * 512 * 4 * (gates + 3)
+        names = {b.name for b in est.run.blocks.values()}
+        assert "aten.empty" in names
+        assert est.peak_allocated_bytes > reserve
+
+
+def test_an_rnn_under_autocast_keeps_a_low_precision_copy_of_its_weights():
+    fp32 = _estimate(Lstm, lambda: torch.randn(16, 128, 256), lambda m, b: m(b).float().mean(), settle=False)
+    bf16 = _estimate(Lstm, lambda: torch.randn(16, 128, 256), lambda m, b: m(b).float().mean(), plan="bf16",
+                     settle=False)
+    params = sum(b.nbytes for b in bf16.run.blocks.values() if b.category == "weights")
+    copies = [b for b in bf16.run.blocks.values() if b.name == "aten.zeros" and b.dtype == "bfloat16"]
+    assert any(b.nbytes == params // 2 for b in copies)
+    assert bf16.peak_allocated_bytes != fp32.peak_allocated_bytes
+
+
+def test_grouped_mm_in_fp32_runs_where_its_fake_kernel_refuses_it():
+    if not hasattr(torch, "_grouped_mm"):
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memdoctor.predict.data_dependent import DataDependent
+    with FakeTensorMode(), DataDependent():
+        a = torch.empty(96, 64)
+        w = torch.empty(4, 64, 32)
+        offs = torch.tensor([24, 48, 72, 96], dtype=torch.int32)
+        out = torch._grouped_mm(a, w, offs=offs)
+    assert out.shape == (96, 32) and out.dtype == torch.float32

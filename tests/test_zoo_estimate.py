@@ -1,0 +1,87 @@
+"""The estimate on architectures memdoctor was never shaped for (benchmarks/zoo), on the CPU
+standing in for CUDA, as `memdoctor estimate benchmarks/zoo/zoo_script.py -- ARCH BATCH` runs
+it: no crash, well under a minute each, and a note for every op whose values it could not know.
+The transformers ones need transformers (not a dependency of memdoctor)."""
+import importlib.util
+
+import pytest
+
+from memdoctor.predict.config import estimate_config
+from tests.support.paths import ROOT
+
+ZOO_SCRIPT = ROOT / "benchmarks" / "zoo" / "zoo_script.py"
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers")
+
+
+def zoo_estimate(arch: str, batch: int, plan: str | None = None, own_checkpointing: bool = False):
+    args = [arch, str(batch)] + (["--own-checkpointing"] if own_checkpointing else [])
+    est = estimate_config(script=str(ZOO_SCRIPT), script_args=args, plan=plan)
+    assert est.peak_reserved_bytes >= est.peak_allocated_bytes > 4 * est.param_bytes
+    assert est.elapsed_s < 60
+    return est
+
+
+def notes_with(est, *words):
+    return [n for n in est.notes if all(w in n for w in words)]
+
+
+@pytest.mark.parametrize("arch, batch, plan, own", [
+    ("lstm", 8, None, False),
+    ("gru", 8, "bf16", False),
+    ("lstm", 8, None, True),
+    ("torch-transformer", 2, "ckpt=full", False),
+    ("unet", 4, "bf16", False),
+])
+def test_plain_torch_architectures(arch, batch, plan, own):
+    est = zoo_estimate(arch, batch, plan, own)
+    if arch in ("lstm", "gru"):
+        assert notes_with(est, "cuDNN RNN", "bounded from above")
+
+
+@needs_transformers
+@pytest.mark.parametrize("arch, batch, plan", [
+    ("gpt2", 2, "bf16"),              # MHA, dropout: flash rather than cuDNN attention
+    ("qwen2", 1, None),               # GQA in fp32: the math kernel keeps the softmax
+    ("falcon", 2, "ckpt=full"),       # MQA, parallel attention, checkpointed blocks
+    ("mistral", 2, None),             # a sliding window shorter than the sequence: a mask
+    ("opt", 2, None),                 # positions from the attention mask
+    ("bloom", 1, "bf16"),             # ALiBi: a float bias for a mask
+    ("mixtral", 2, None),             # grouped_mm experts in fp32
+    ("t5", 4, "ckpt=full"),           # encoder-decoder, position bias
+    ("bert", 4, "bf16"),              # a padding mask
+    ("swin", 8, None),                # windows, rolls, relative positions
+])
+def test_transformers_architectures(arch, batch, plan):
+    zoo_estimate(arch, batch, plan)
+
+
+@needs_transformers
+def test_moe_routing_in_a_loop_is_assumed_even_and_noted():
+    est = zoo_estimate("qwen2-moe", 2)
+    assert notes_with(est, "aten.topk", "spread evenly")
+
+
+@needs_transformers
+def test_ctc_targets_selected_by_mask_and_the_ctc_loss_shape_come_from_the_batch():
+    est = zoo_estimate("wav2vec2", 2)
+    assert notes_with(est, "_ctc_loss", "lengths the batch gives")
+    assert not notes_with(est, "bounded from above")        # labels.masked_select: known, exact
+
+
+@needs_transformers
+def test_an_all_ones_mask_is_dropped_as_on_a_gpu(monkeypatch):
+    """transformers checks the mask's values only when it is not tracing, and counts a fake
+    tensor as tracing: the estimate tells it otherwise, so attention runs unmasked with
+    enable_gqa, as on the GPU, and fp32 takes the math kernel."""
+    from memdoctor.cuda import sdpa_backend
+    seen = []
+    original = sdpa_backend.choose
+
+    def choose(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False, **kw):
+        backend = original(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, **kw)
+        seen.append((attn_mask is None, is_causal, enable_gqa, backend))
+        return backend
+    monkeypatch.setattr(sdpa_backend, "choose", choose)
+    zoo_estimate("llama", 1)
+    assert seen and all(s == (True, True, True, "math") for s in seen), seen[:3]
