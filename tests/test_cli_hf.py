@@ -1,6 +1,7 @@
 """`memdoctor estimate` and `memdoctor plan` take a transformers model the way users name one
 (--hf TYPE with size flags, --hf-config FILE; random weights, nothing downloaded), and a
 SCRIPT's build() sees the script's own arguments in sys.argv for the whole estimate."""
+import importlib.util
 import json
 import textwrap
 
@@ -8,12 +9,14 @@ import pytest
 
 from memdoctor.cli import main
 
-pytest.importorskip("transformers")
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="needs transformers")
 
 SMALL_LLAMA = ["--hf", "llama", "--layers", "1", "--hidden", "256", "--heads", "4", "--kv-heads", "2",
                "--vocab", "1000", "--intermediate", "512", "--batch", "2", "--seq", "128"]
 
 
+@needs_transformers
 def test_estimate_a_model_type_with_size_flags(capsys):
     code = main(["estimate", *SMALL_LLAMA, "--json"])
     data = json.loads(capsys.readouterr().out)
@@ -25,6 +28,7 @@ def test_estimate_a_model_type_with_size_flags(capsys):
     assert data["peak_reserved_bytes"] >= data["peak_allocated_bytes"] > 0
 
 
+@needs_transformers
 def test_estimate_a_config_file_and_its_folder(capsys, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 128,
                                                       "n_head": 4, "vocab_size": 1000}))
@@ -34,6 +38,7 @@ def test_estimate_a_config_file_and_its_folder(capsys, tmp_path):
         assert code == 0 and "estimate for gpt2 (transformers" in out and "seq 64" in out
 
 
+@needs_transformers
 def test_an_encoder_decoder_and_an_image_model_get_their_own_batches(capsys):
     for args, kind in ((["--hf", "t5", "--layers", "1", "--hidden", "128", "--heads", "2", "--vocab", "500"],
                         "AutoModelForSeq2SeqLM"),
@@ -43,6 +48,7 @@ def test_an_encoder_decoder_and_an_image_model_get_their_own_batches(capsys):
         assert code == 0 and json.loads(capsys.readouterr().out)["config"]["task"] == kind
 
 
+@needs_transformers
 @pytest.mark.parametrize("args, says", [
     (["--hf", "bert", "--kv-heads", "2"], "has no num_key_value_heads"),
     (["--layers", "2"], "give --hf TYPE or --hf-config FILE"),
@@ -57,6 +63,7 @@ def test_bad_transformers_options_are_one_line_usage_errors(capsys, args, says):
     assert says in err and len(err.strip().splitlines()) == 1
 
 
+@needs_transformers
 def test_plan_takes_a_transformers_model(capsys):
     code = main(["plan", *SMALL_LLAMA, "--budget", "8GiB", "--json"])
     data = json.loads(capsys.readouterr().out)

@@ -203,3 +203,22 @@ def test_eight_bit_state_is_two_bytes_a_parameter():
                   state_bytes_full=2 * params)
     remedy = next(r for r in model_states.check(facts).remedies if r.plan == "opt=adamw-8bit")
     assert remedy.predicted_peak_bytes == params + params + params // 2     # weights, gradients, 2 bytes a parameter
+
+
+def test_large_logits_named_without_shapes(tmp_path):
+    """The CUDA allocator's history records no shapes for most blocks: with every shape but
+    the weights' removed from a traced run, the logits are still found by their size over
+    the vocabulary, and large-logits still comes first."""
+    from memdoctor.capture.script import trace_script
+    from memdoctor.diagnosis import diagnose, facts_from_run
+    from memdoctor.run import Category
+    name = next(n for n in json.loads(shared_path("scenarios", "expected.json").read_text()) if n.startswith("s06"))
+    expected = json.loads(shared_path("scenarios", "expected.json").read_text())[name]
+    run = trace_script(str(shared_path("scenarios", name)), budget=expected["budget"]["cpu"], source="dispatch").run
+    assert diagnose(facts_from_run(run))[0].rule == "large-logits"
+    for b in run.blocks.values():
+        if b.category != Category.WEIGHTS.value:
+            b.shape = []
+    findings = diagnose(facts_from_run(run))
+    assert findings and findings[0].rule == "large-logits", [f.rule for f in findings]
+    assert "holds" in findings[0].evidence[0] or "hold" in findings[0].evidence[0]

@@ -303,6 +303,9 @@ def _find_dataset(f: Facts, run: Run) -> None:
     f.dataset, f.dataset_batch_rows = found, rows
 
 
+LOGIT_ROWS = 256        # a shapeless block counts as logits from this many vocabulary rows
+
+
 def _find_logits(f: Facts) -> None:
     """Outputs of a projection to a vocabulary: the last dim matches a large weight's rows."""
     weights = [b for b in f.focus_blocks if b.category == W and len(b.shape) == 2]
@@ -312,4 +315,14 @@ def _find_logits(f: Facts) -> None:
         return
     f.vocab = max(vocab_dims)
     f.logits = [b for b in f.focus_blocks if b.category not in (W, G, S)
-                and len(b.shape) >= 2 and b.shape[-1] in vocab_dims]
+                and (len(b.shape) >= 2 and b.shape[-1] in vocab_dims or _vocabulary_sized(b, vocab_dims))]
+
+
+def _vocabulary_sized(b: Block, vocab_dims: set[int]) -> bool:
+    """A block with no shape (the CUDA allocator's history records none for most) whose size
+    is a whole number of rows over a vocabulary (in 16 bits, which any float dtype's row
+    divides), at least LOGIT_ROWS of them: a vocabulary of thousands of entries rarely
+    divides the size of any other tensor."""
+    if b.shape or b.nbytes <= 0:
+        return False
+    return any(b.nbytes % (2 * v) == 0 and b.nbytes >= 2 * v * LOGIT_ROWS for v in vocab_dims)

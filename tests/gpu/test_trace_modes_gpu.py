@@ -21,8 +21,21 @@ def _case(prefix):
     return name, expected[name]
 
 
-@pytest.mark.parametrize("how", [["--light"], ["--source", "dispatch"]], ids=["light", "dispatch"])
-@pytest.mark.parametrize("prefix", SCENARIOS)
+# The dispatch source counts tensor bytes, not the caching allocator's blocks: where the CUDA
+# budget is exceeded only through the allocator's rounding of thousands of small tensors
+# (s07) or its cached free blocks (s09), the run fits under it.
+ALLOCATOR_ONLY = {"s07", "s09"}
+
+
+def _cases():
+    for prefix in SCENARIOS:
+        yield pytest.param(prefix, ["--light"], id=f"{prefix}-light")
+        marks = [pytest.mark.xfail(strict=True, reason="an allocator effect the dispatch source cannot see")] \
+            if prefix in ALLOCATOR_ONLY else []
+        yield pytest.param(prefix, ["--source", "dispatch"], id=f"{prefix}-dispatch", marks=marks)
+
+
+@pytest.mark.parametrize("prefix,how", list(_cases()))
 def test_cheaper_tracing_names_the_same_cause(prefix, how, tmp_path):
     import torch
     torch.cuda.empty_cache()

@@ -51,8 +51,9 @@ def check(f: Facts) -> Finding | None:
                 f"{'holds' if len(f.logits) == 1 else 'hold'} {format_bytes(logit_bytes)}, "
                 f"{100 * logit_bytes / live:.0f}% of {format_bytes(live)}"
                 + (" (the failed request among them)" if f.oom and request % per_row == 0 else ""),
-                f"largest: {biggest.name} {'x'.join(map(str, biggest.shape))} {biggest.dtype} "
-                f"{format_bytes(biggest.nbytes)} in {biggest.phase}"]
+                f"largest: {biggest.name or 'a tensor'} "
+                + (f"{'x'.join(map(str, biggest.shape))} {biggest.dtype} " if biggest.shape else "")
+                + f"{format_bytes(biggest.nbytes)} in {biggest.phase}"]
     predicted = live - logit_bytes + logit_bytes // CHUNKS
     remedies = [
         Remedy("chunked cross-entropy", f"compute the head and the loss over {CHUNKS} chunks of tokens "
