@@ -58,6 +58,7 @@ MODES = ("fp32", "bf16", "ckpt")
 RESULT_TAG = "ZOO_RESULT "
 UNDER_LIMIT_PCT = -2.0          # an under-estimate of reserved memory below this sends a user into an OOM
 CHILD_TIMEOUT_S = 300
+DEVICE = "cuda"                 # where configurations are measured
 ROOM_BYTES = 24 * GiB           # a new configuration starts only while the GPU has this much free
 
 
@@ -118,10 +119,10 @@ def _measure(row: dict) -> dict:
     t0 = time.perf_counter()
     model = optimizer = batch = prepared = None
     try:
-        with torch.device("cuda"):
+        with torch.device(DEVICE):
             model, optimizer, batch, loss_fn = build(row["arch"], row["batch"], own_checkpointing=row["own_checkpointing"])
         if row["plan"]:
-            prepared = prepare(model, optimizer, row["plan"], device_type="cuda")
+            prepared = prepare(model, optimizer, row["plan"], device_type=DEVICE)
             optimizer = prepared.optimizer
         for _ in range(STEPS):
             train_step(model, optimizer, batch, loss_fn, prepared)
@@ -538,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                 "summary": summarize(full, args.dry_run), "checks": checks_result, "configs": full}
         return resultfile.save("zoo_accuracy", hw, data, out=args.out)
 
-    print("\n".join(table_lines([])), flush=True)
+    print("\n".join(table_lines([])), flush=True)          # rows follow as configurations finish
     done = run_pool(rows, args, deadline, save)
     if check_thread is not None:
         check_thread.join(timeout=max(1.0, deadline + 60 - time.perf_counter()))
@@ -546,7 +547,6 @@ def main(argv: list[str] | None = None) -> int:
     full = [_with_errors(r) for r in done]
     path = save(done)
     summary = summarize(full, args.dry_run)
-    print("\n".join(table_lines(full)))
     print("\n".join(summary_lines(summary, checks_result, time.perf_counter() - t0)))
     print(f"written: {path}")
     return 0

@@ -31,6 +31,7 @@ estimate uncertain.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 import torch
@@ -56,7 +57,8 @@ _CHOOSERS = {"topk", "argmax", "argmin", "sort", "argsort", "max", "min", "kthva
 # checks that only assert on values (torch._assert_async, torch._check on tensors)
 _ASSERTS = {"_assert_async", "_functional_assert_async", "_assert_scalar", "_functional_assert_scalar",
             "_assert_tensor_metadata"}
-_INTERNAL = ("/torch/", "/memdoctor/", "<frozen", "contextlib.py")
+_INTERNAL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep,
+             "<frozen", "contextlib.py")
 # ops whose output values do not depend on their tensor inputs' values (only on their shapes)
 _VALUE_FREE = {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones", "new_full",
                "new_empty", "new_empty_strided", "rand_like", "randn_like", "randint_like"}
@@ -77,7 +79,7 @@ def _where() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
-        if not any(part in path for part in _INTERNAL):
+        if not path.startswith(_INTERNAL) and not path.startswith("<"):
             parts = path.replace("\\", "/").split("/")
             short = "/".join(parts[parts.index("site-packages") + 1:]) if "site-packages" in parts else parts[-1]
             return f"{short}:{frame.f_lineno} ({frame.f_code.co_name})"
@@ -106,6 +108,7 @@ class DataDependent(TorchDispatchMode):
         self.assumed: WeakIdKeyDictionary = WeakIdKeyDictionary()     # fake tensor -> ops it was assumed from
         self.stale: set[int] = set()       # storages written with unknown values since their shadow was made
         self._notes: dict[str, str] = {}
+        self._info: dict = {}               # op -> (name, whether it writes an argument)
 
     # ------------------------------------------------------------------ values
     def value(self, t) -> torch.Tensor | None:
@@ -147,31 +150,59 @@ class DataDependent(TorchDispatchMode):
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
+        info = self._info.get(func)
+        if info is None:
+            info = self._info[func] = (func.overloadpacket.__name__, func._schema.is_mutable)
+        name, mutable = info
         if name in _ASSERTS:
             return None
-        flat, spec = tree_flatten((args, kwargs))
-        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-        reals = [self.value(t) for t in tensors]
-        known = all(r is not None for r in reals)
+        known = self._all_known(args, kwargs)
         if not known and name in _VALUE_FREE:          # only the shapes matter: zeros stand in
-            with _real():
-                reals = [r if r is not None else torch.zeros((), dtype=t.dtype).expand(tuple(t.shape))
-                         for t, r in zip(tensors, reals)]
             known = True
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
-            return self._data_dependent(func, name, args, kwargs, flat, spec, tensors, reals, known)
+            flat, spec, tensors, reals = self._inputs(args, kwargs, name in _VALUE_FREE)
+            return self._data_dependent(func, name, args, kwargs, flat, spec, tensors, reals,
+                                        all(r is not None for r in reals))
         except RuntimeError:
             if name not in _DTYPE_STAND_INS:
                 raise
             return self._with_stand_ins(func, args, kwargs, _DTYPE_STAND_INS[name])
         if known:
+            flat, spec, tensors, reals = self._inputs(args, kwargs, name in _VALUE_FREE)
             self._shadow(func, args, kwargs, flat, spec, tensors, reals, out)
         else:
-            self._after_unknown(func, name, args, kwargs, out)
+            if mutable:
+                self._mark_written(func, args, kwargs)
+            if name in _CHOOSERS:
+                self._assume_spread(func, name, args, out)
         return out
+
+    def _all_known(self, args, kwargs) -> bool:
+        """Whether every tensor argument's values are known (stops at the first that is not)."""
+        for group in (args, kwargs.values()):
+            for a in group:
+                if isinstance(a, torch.Tensor):
+                    if self.value(a) is None:
+                        return False
+                elif isinstance(a, (list, tuple)):
+                    for t in a:
+                        if isinstance(t, torch.Tensor) and self.value(t) is None:
+                            return False
+        return True
+
+    def _inputs(self, args, kwargs, shapes_only: bool):
+        """(flat arguments, their structure, the tensors, their real values or None); with
+        `shapes_only`, zeros of the right shape (and no memory) for the unknown ones."""
+        flat, spec = tree_flatten((args, kwargs))
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        reals = [self.value(t) for t in tensors]
+        if shapes_only:
+            with _real():
+                reals = [r if r is not None else torch.zeros((), dtype=t.dtype).expand(tuple(t.shape))
+                         for t, r in zip(tensors, reals)]
+        return flat, spec, tensors, reals
 
     def _assumptions(self, tensors) -> frozenset:
         found: frozenset = frozenset()
@@ -219,13 +250,6 @@ class DataDependent(TorchDispatchMode):
             for t in (value if isinstance(value, (list, tuple)) else (value,)):
                 if isinstance(t, FakeTensor):
                     self.stale.add(self._storage(t))
-
-    def _after_unknown(self, func, name, args, kwargs, out) -> None:
-        """An op on unknown inputs: the storages it writes hold unknown values; an index
-        chosen from unknown values is assumed spread evenly."""
-        self._mark_written(func, args, kwargs)
-        if name in _CHOOSERS:
-            self._assume_spread(func, name, args, out)
 
     def _assume_spread(self, func, name, args, out) -> None:
         """Indices chosen from unknown values: consecutive candidates, distinct within one

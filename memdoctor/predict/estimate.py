@@ -42,6 +42,14 @@ the estimate does instead:
   added (memdoctor.predict.fused_tables);
 - optimizer swaps whose kernels are Triton or CUDA code that cannot take fake tensors fail
   with an EstimateError naming the plan.
+
+What a model's step does that fake tensors cannot: data-dependent ops (`.item()`, masks read
+or selected by value, `nonzero`, MoE routing) get the values the build made where it made
+them, else an assumption or an upper bound, noted (memdoctor.predict.data_dependent);
+cuDNN's fused RNNs allocate as cuDNN does, reserve space and workspaces measured on this
+machine's GPU or bounded (memdoctor.predict.fused_rnn); libraries that switch paths on seeing
+a fake tensor (transformers' is_tracing) run the path a GPU runs
+(memdoctor.predict.eager_libraries).
 """
 from __future__ import annotations
 
