@@ -17,19 +17,18 @@ bitsandbytes is optional: without it its column says so.
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import sysconfig
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import resultfile  # noqa: E402
 
 
 def optimizers():
@@ -138,7 +137,7 @@ def smooth(xs: list[float], w: int = 50) -> list[float]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", help="folder for the result file (default benchmarks/results)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -166,27 +165,14 @@ def main() -> int:
         else:
             print(f"{name:28s} {r['step_ms']:8.3f} {r['state_bytes_per_param']:13.3f} "
                   f"{r['final_loss_mean_last_100']:12.4f} {r['max_gap_to_fp32_smoothed']:8.4f}")
-    commit = os.environ.get("BENCH_COMMIT")      # a copy of the tree whose .git is not the checkout's
-    try:
-        commit = commit or subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
-                                         cwd=os.path.dirname(os.path.abspath(__file__))).strip()
-    except Exception:
-        commit = "unknown"
     try:
         import bitsandbytes
         bnb_version = bitsandbytes.__version__
     except Exception:
         bnb_version = None
-    date = datetime.date.today().isoformat()
-    hardware = torch.cuda.get_device_name(0).split()[-1].lower()
-    record = {"bench": "adamw_8bit_vs_bnb", "command": " ".join(["python", *sys.argv]), "commit": commit,
-              "date": date, "torch": torch.__version__, "bitsandbytes": bnb_version,
-              "python": platform.python_version(), "device": torch.cuda.get_device_name(0),
-              "steps": args.steps, "results": results}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"adamw_8bit_vs_bnb_{hardware}_{date}.json")
-    with open(path, "w") as f:
-        json.dump(record, f, indent=1)
+    data = {"bench": "adamw_8bit_vs_bnb", "bitsandbytes": bnb_version, "device": torch.cuda.get_device_name(0),
+            "steps": args.steps, "results": results}
+    path = resultfile.save("adamw_8bit_vs_bnb", resultfile.hardware("cuda"), data, args.out)
     print("wrote", path)
     return 0
 

@@ -14,14 +14,15 @@ Writes trace_overhead_real_<hardware>_<date>.json under DIR (default benchmarks/
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import resultfile  # noqa: E402
 
 MODES = ("plain", "history", "full", "light", "dispatch")
 WORKLOADS = ("nanogpt", "cnn")
@@ -167,23 +168,13 @@ def worker(workload: str, mode: str, iters: int) -> dict:
             "peak_allocated": torch.cuda.max_memory_allocated()}
 
 
-def _git_commit() -> str:
-    if os.environ.get("BENCH_COMMIT"):      # a copy of the tree whose .git is not the checkout's
-        return os.environ["BENCH_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
-                                       cwd=os.path.dirname(os.path.abspath(__file__))).strip()
-    except Exception:
-        return "unknown"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--modes", nargs="*", default=list(MODES))
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", help="folder for the result file (default benchmarks/results)")
     ap.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -221,16 +212,11 @@ def main() -> int:
                 print(f"{w:9s} {m:9s}  {s['error']}")
             else:
                 print(f"{w:9s} {m:9s}  {s['ms_median']:7.2f}  {s['ratio_to_plain']:.3f}")
-    hardware = torch.cuda.get_device_name(0).split()[-1].lower() if torch.cuda.is_available() else "cpu"
-    date = datetime.date.today().isoformat()
-    record = {"bench": "trace_overhead_real", "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-              "commit": _git_commit(), "date": date, "torch": torch.__version__,
-              "python": platform.python_version(), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-              "summary": summary, "runs": results}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"trace_overhead_real_{hardware}_{date}.json")
-    with open(path, "w") as f:
-        json.dump(record, f, indent=1)
+    data = {"bench": "trace_overhead_real",
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "summary": summary, "runs": results}
+    path = resultfile.save("trace_overhead_real", resultfile.hardware("cuda" if torch.cuda.is_available() else "cpu"),
+                           data, args.out)
     print("wrote", path)
     return 0
 
