@@ -15,11 +15,13 @@ sizes), one fresh process:
 Configurations run side by side in a pool of workers (each a fresh subprocess per
 configuration; a new one starts only while the GPU has room), so the zoo finishes in a few
 minutes on one H200. A configuration that fails records its error as text and the run goes on.
-Before them, a check process compares memdoctor's SDPA backend rules
+Beside them, a check process compares memdoctor's SDPA backend rules
 (memdoctor.cuda.sdpa_backend) with the dispatcher's own choice on this GPU, on real and on
 fake tensors, and cuDNN's measured RNN sizes with the bound used without a GPU.
 
-    python benchmarks/zoo_accuracy.py                       # the whole zoo on a GPU (~6 min on an H200)
+    python benchmarks/zoo_accuracy.py --out DIR             # the whole zoo on a GPU (time budget 450 s)
+    python benchmarks/zoo_accuracy.py --resume DIR/zoo_accuracy_h200_<date>.json --out DIR2
+                                                            # run what a time-limited run left
     python benchmarks/zoo_accuracy.py --only llama lstm     # some architectures
     python benchmarks/zoo_accuracy.py --dry-run             # estimates only, no GPU (CPU stands in for CUDA)
 
@@ -377,8 +379,8 @@ def _stats(errs: list[tuple[str, float]]) -> dict:
 
 def summarize(rows: list[dict], dry_run: bool) -> dict:
     trained = [r for r in rows if dry_run or r.get("measured_allocated_bytes")]
-    crashes = [r for r in trained if r.get("estimate_error") or (r.get("child_error") and "time budget" not in
-                                                                  r.get("child_error", ""))]
+    crashes = [r for r in trained if r.get("estimate_error")]
+    lost = [r for r in rows if r.get("child_error") and "time budget" not in r["child_error"]]
     seconds = [r["estimate_seconds"] for r in rows if r.get("estimate_seconds") is not None
                and not r.get("estimate_error")]
     out = {
@@ -386,7 +388,8 @@ def summarize(rows: list[dict], dry_run: bool) -> dict:
         "measured": sum(1 for r in rows if r.get("measured_allocated_bytes")),
         "did_not_train": [{"id": r["id"], "error": r.get("measure_error")} for r in rows if r.get("measure_error")],
         "not_run": [r["id"] for r in rows if "time budget" in (r.get("child_error") or "")],
-        "estimate_crashes": [{"id": r["id"], "error": r.get("estimate_error") or r.get("child_error")} for r in crashes],
+        "estimate_crashes": [{"id": r["id"], "error": r["estimate_error"]} for r in crashes],
+        "no_result": [{"id": r["id"], "error": r["child_error"]} for r in lost],
         "estimate_seconds": {"median": round(statistics.median(seconds), 2) if seconds else None,
                              "max": max(seconds, default=None),
                              "slowest": max(rows, key=lambda r: r.get("estimate_seconds") or 0)["id"] if rows else None},
@@ -405,7 +408,7 @@ def summarize(rows: list[dict], dry_run: bool) -> dict:
                                            for r in rows if (r.get("error_reserved_pct") or 0) < UNDER_LIMIT_PCT]
         out["allocator_retried"] = [r["id"] for r in rows if r.get("alloc_retries")]
         out["done_when"] = {
-            "no_crash": not crashes,
+            "no_crash": not crashes and not lost,
             "median_abs_le_1_5": all((out[k].get("median_abs_error_pct") or 0) <= 1.5 for k in ("allocated", "reserved")),
             "worst_abs_le_5": all(abs(out[k].get("worst_error_pct") or 0) <= 5 for k in ("allocated", "reserved")),
             "no_under_estimate_below_2pct": not out["under_estimates_reserved"],
@@ -452,6 +455,9 @@ def summary_lines(summary: dict, checks_result: dict | None, elapsed: float) -> 
     lines.append(f"estimate time: median {es['median']} s, max {es['max']} s ({es['slowest']})")
     lines.append(f"estimate crashes: {len(summary['estimate_crashes'])}")
     lines += [f"  {c['id']}: {str(c['error'])[:110]}" for c in summary["estimate_crashes"][:8]]
+    if summary["no_result"]:
+        lines.append(f"configurations whose process gave no result: {len(summary['no_result'])}")
+        lines += [f"  {c['id']}: {str(c['error'])[:110]}" for c in summary["no_result"][:4]]
     if "under_estimates_reserved" in summary:
         under = summary["under_estimates_reserved"]
         lines.append(f"under-estimates below {UNDER_LIMIT_PCT}% of reserved: {len(under)}")
@@ -478,7 +484,8 @@ def summary_lines(summary: dict, checks_result: dict | None, elapsed: float) -> 
 
 # ----------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description="memdoctor's default estimate against a GPU's measurement on the zoo "
+                                             "(benchmarks/zoo): architectures it was never shaped for")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="only these architectures")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="precision / checkpointing modes")
     ap.add_argument("--dry-run", action="store_true", help="estimates only, no GPU needed")
@@ -487,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-budget", type=float, default=450.0, help="seconds for the whole run (default 450)")
     ap.add_argument("--no-memtracker", action="store_true", help="skip MemTracker")
     ap.add_argument("--no-checks", action="store_true", help="skip the SDPA / RNN checks on the GPU")
+    ap.add_argument("--resume", metavar="RESULT", help="keep the configurations this earlier result has, run the rest")
     ap.add_argument("--list", action="store_true", help="list the zoo and exit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-checks", action="store_true", help=argparse.SUPPRESS)
@@ -516,16 +524,21 @@ def main(argv: list[str] | None = None) -> int:
         args.workers = 10 if gpu else max(1, os.cpu_count() or 1)
     hw = resultfile.hardware("cuda" if gpu else "cpu")
     rows = configs(args.only, args.modes)
+    previous = json.loads(Path(args.resume).read_text()) if args.resume else {}
+    kept = _resumed(previous, rows)
+    rows = [r for r in rows if r["id"] not in {k["id"] for k in kept}]
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
            "gpu": torch.cuda.get_device_name(0) if gpu else None,
            "cudnn": torch.backends.cudnn.version() if gpu else None, "workers": args.workers, "steps": STEPS,
            "transformers": _version("transformers"),
            "torchvision": _version("torchvision"), "cpu_count": os.cpu_count()}
-    print(f"{len(rows)} configurations, {args.workers} at a time, time budget {args.time_budget:.0f} s "
+    print(f"{len(rows)} configurations ({len(kept)} kept from {args.resume}), " if kept else
+          f"{len(rows)} configurations, ", end="")
+    print(f"{args.workers} at a time, time budget {args.time_budget:.0f} s "
           f"({'estimates only' if args.dry_run else 'measured on ' + str(env['gpu'])})", flush=True)
-    checks_result: dict | None = None
+    checks_result: dict | None = previous.get("checks")
     check_thread = None
-    if gpu and not args.no_checks:
+    if gpu and not args.no_checks and not checks_result:
         holder: dict = {}
 
         def run_checks():
@@ -534,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         check_thread.start()
 
     def save(done: list[dict], partial: bool = False) -> Path:
-        full = [_with_errors(r) for r in done]
+        full = [_with_errors(r) for r in kept + done]
         data = {"env": env, "dry_run": args.dry_run, "partial": partial, "elapsed_s": round(time.perf_counter() - t0, 1),
                 "summary": summarize(full, args.dry_run), "checks": checks_result, "configs": full}
         return resultfile.save("zoo_accuracy", hw, data, out=args.out)
@@ -544,12 +557,19 @@ def main(argv: list[str] | None = None) -> int:
     if check_thread is not None:
         check_thread.join(timeout=max(1.0, deadline + 60 - time.perf_counter()))
         checks_result = holder.get("result")
-    full = [_with_errors(r) for r in done]
+    full = [_with_errors(r) for r in kept + done]
     path = save(done)
     summary = summarize(full, args.dry_run)
     print("\n".join(summary_lines(summary, checks_result, time.perf_counter() - t0)))
     print(f"written: {path}")
     return 0
+
+
+def _resumed(previous: dict, rows: list[dict]) -> list[dict]:
+    """The configurations an earlier result finished (not those it ran out of time for)."""
+    wanted = {r["id"] for r in rows}
+    return [r for r in previous.get("configs", []) if r["id"] in wanted
+            and "time budget" not in (r.get("child_error") or "")]
 
 
 def _checks_child(deadline: float) -> dict:

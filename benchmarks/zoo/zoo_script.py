@@ -27,7 +27,6 @@ def build():
 
 
 if __name__ == "__main__":
-    import torch
     args = _args(sys.argv[1:])
     model, optimizer, batch, loss_fn = build()
     loss = loss_fn(model, batch)

@@ -42,8 +42,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["DataDependent", "MAX_INT_NUMEL", "MAX_FLOAT_NUMEL"]
 
-aten = torch.ops.aten
-
 MAX_INT_NUMEL = 1 << 24          # integer / bool tensors: masks, ids, labels, positions, routing
 MAX_FLOAT_NUMEL = 1 << 16        # floating tensors: a mask's additive form, rotary tables; not activations
 MAX_STAND_IN_NUMEL = 1 << 26     # zeros standing in for unknown inputs, for an output's shape
@@ -109,6 +107,7 @@ class DataDependent(TorchDispatchMode):
         self.stale: set[int] = set()       # storages written with unknown values since their shadow was made
         self._notes: dict[str, str] = {}
         self._info: dict = {}               # op -> (name, whether it writes an argument)
+        self.noting = True                  # off while the model is built: its initial values do not matter
 
     # ------------------------------------------------------------------ values
     def value(self, t) -> torch.Tensor | None:
@@ -145,7 +144,8 @@ class DataDependent(TorchDispatchMode):
         return list(self._notes.values())
 
     def _note(self, key: str, text: str) -> None:
-        self._notes.setdefault(key, text)
+        if self.noting:
+            self._notes.setdefault(key, text)
 
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -306,7 +306,8 @@ class DataDependent(TorchDispatchMode):
             return self._fake_like(real, tensors[0] if tensors else None, assumed)
         if name in ("_local_scalar_dense", "equal", "is_nonzero"):
             dtype = tensors[0].dtype if tensors else torch.bool
-            self._note(f"scalar:{_where()}", f"a value read at {_where()} (aten.{name}: .item(), bool(), a "
+            where = _where()
+            self._note(f"scalar:{where}", f"a value read at {where} (aten.{name}: .item(), bool(), a "
                        "comparison) depends on weights or activations, which the estimate does not have: taken as "
                        "0 / False, the branch with nothing unusual")
             if name != "_local_scalar_dense" or dtype == torch.bool:

@@ -276,8 +276,10 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
             with tracer:
                 watch = KernelWatch(tracer.recorder, Gpu.local() if target.device == "cuda" else None, conv_probe)
                 with watch:
+                    values.noting = False        # a rejection sampler's draws at init change no memory
                     with torch.device(target.sim):
                         built = call_build(build, fake_mode, target.sim)
+                    values.noting = True
                     model, optimizer, batch, loss_fn = built
                     batch_ids = batch_blocks(tracer.recorder, batch)
                     params = list({id(p): p for p in model.parameters()}.values())    # as built

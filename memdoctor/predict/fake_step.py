@@ -40,12 +40,15 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, l
     opt.zero_grad(set_to_none=True)
     prepared.model.zero_grad(set_to_none=True)
     micro = prepared.plan.micro_batch
-    total = batch_size(batch)
-    size = total if micro in (None, "auto") else min(int(micro), total)
-    parts = [batch] if size >= total else split_batch(batch, size)
+    if micro in (None, "auto"):         # the whole batch: its size is not needed (a detection
+        parts, total = [batch], None    # model's list of images and targets has no one dim 0)
+    else:
+        total = batch_size(batch)
+        size = min(int(micro), total)
+        parts = [batch] if size >= total else split_batch(batch, size)
     precision = prepared.precision
     for part in parts:
-        share = batch_size(part) / total
+        share = 1.0 if total is None else batch_size(part) / total
         with precision.context():
             loss = loss_fn(prepared.model, part)
         weighted = loss if share == 1.0 else loss * share
