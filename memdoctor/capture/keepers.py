@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from memdoctor.run import Run
 from memdoctor.capture.frames import SourceTable, is_user_file
@@ -101,7 +102,7 @@ def _storages(container) -> list[tuple[int, int]]:
     for value in items(container):
         inner = items(value) if isinstance(value, _CONTAINERS) else (value,)
         for t in inner:
-            if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
+            if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter) and not is_fake(t):
                 try:
                     s = t.untyped_storage()
                     out.append((s._cdata, s.data_ptr()))
