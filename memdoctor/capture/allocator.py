@@ -54,8 +54,6 @@ class AllocatorSource:
         if self.budget is not None:
             cap_cuda(self.budget, self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        # stacks at allocations only: gathering Python frames at frees broke
-        # torch.utils.checkpoint's early stop (its exception was lost while tensors were freed)
         if self.light:
             limit = self.budget or torch.cuda.get_device_properties(self.device).total_memory
             self.deepen_at = int(0.9 * limit)
@@ -69,6 +67,8 @@ class AllocatorSource:
         self._stamp(len(self.rec.run.marks) - 1)
 
     def _record_stacks(self) -> None:
+        # stacks at allocations only: gathering Python frames at frees broke
+        # torch.utils.checkpoint's early stop (its exception was lost while tensors were freed)
         torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context="alloc", stacks="python")
 
     def deepen_if_near(self) -> None:
