@@ -10,9 +10,10 @@ can be most of the activation memory. The dispatcher tries the backends in prior
 takes the first whose every constraint holds:
 
 - cuDNN: fp16/bf16; a mask of 2 or 4 dimensions broadcastable to (batch, heads, queries,
-  keys), not requiring grad; head dims multiples of 8 up to 128; dropout a multiple of
-  1/16; key/value heads may divide the query heads (grouped-query attention); keys longer
-  than one;
+  keys), not requiring grad; head dims multiples of 8 up to 256 (cuDNN 9.19 on an H200:
+  128 before); any dropout; key/value heads that divide the query heads only with
+  enable_gqa (without it the dispatcher falls back to math, measured on the H200); keys
+  longer than one;
 - flash: fp16/bf16; no mask; equal head dims up to 256; causal only with as many queries as
   keys; key/value heads different from the query heads only with enable_gqa and dividing them;
 - memory-efficient: fp16, bf16 or fp32; any mask (its last dim contiguous); query and key
@@ -43,7 +44,7 @@ class SdpaRules:
     PyTorch 2.11 and the cuDNN it ships, which prefers cuDNN attention)."""
     sm: tuple[int, int] = (9, 0)
     prefer_cudnn: bool = True
-    cudnn_max_head_dim: int = 128
+    cudnn_max_head_dim: int = 256
     efficient_gqa: bool = False
     deterministic: bool | None = None    # None: torch.are_deterministic_algorithms_enabled()
 
@@ -99,13 +100,13 @@ def _dense_ok(q, k, v, mask, ignore_singleton: bool) -> bool:
     return strides_ok
 
 
-def _heads_ok(q, k, v, enable_gqa: bool, gqa: bool, implicit: bool = False) -> bool:
+def _heads_ok(q, k, v, enable_gqa: bool, gqa: bool) -> bool:
     """Same heads everywhere, or (where the backend supports it) key/value heads that divide
-    the query heads: with enable_gqa, or, `implicit`, without it."""
+    the query heads, with enable_gqa."""
     hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
     if hq == hk == hv:
         return True
-    if gqa and (enable_gqa or implicit):
+    if gqa and enable_gqa:
         return hk == hv and hk > 0 and hq % hk == 0
     return False
 
@@ -137,11 +138,9 @@ def _cudnn_ok(q, k, v, mask, dropout, causal, gqa, rules: SdpaRules, grad: bool)
         return False
     if not _sm_between(rules.sm, (8, 0), (12, 1)):
         return False
-    if dropout * 16.0 != int(dropout * 16.0):
-        return False
     if not (_dense_ok(q, k, v, mask, ignore_singleton=True) and _mask_shape_ok(q, k, mask)):
         return False
-    if not _heads_ok(q, k, v, gqa, gqa=True, implicit=True):
+    if not _heads_ok(q, k, v, gqa, gqa=True):
         return False
     b, h, s_q, d_qk = q.shape
     s_k, d_v = k.shape[2], v.shape[-1]

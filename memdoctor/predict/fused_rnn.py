@@ -117,9 +117,10 @@ def measure(shape: RnnShape, device: str | torch.device = "cuda") -> RnnSizes:
 
     def backward():
         with torch.no_grad():
-            return torch._cudnn_rnn_backward(x, weights, stride0, weight_buf, hx, cx, out, *grads, mode, shape.hidden,
-                                             shape.proj, shape.layers, False, 0.0, True, shape.directions == 2,
-                                             [], None, reserve, [True, True, cx is not None, True])
+            return torch.ops.aten._cudnn_rnn_backward(x, weights, stride0, weight_buf, hx, cx, out, *grads, mode,
+                                                      shape.hidden, shape.proj, shape.layers, False, 0.0, True,
+                                                      shape.directions == 2, [], None, reserve,
+                                                      [True, True, cx is not None, True])
     backward_trace = recorded_trace(backward, device)
     freed_f = _freed(forward_trace)
     freed_b = _freed(backward_trace)

@@ -1,0 +1,144 @@
+"""Where a zoo estimate's reserved peak parts from the GPU's: the GPU's own allocations and
+frees of a configuration's training steps next to the estimate's, both replayed through
+memdoctor's allocator model.
+
+    python benchmarks/zoo/zoo_traces.py --out DIR llama/ckpt/b4 falcon/bf16/b8   # on a GPU
+
+For each zoo id (ARCH/MODE/bBATCH), in a fresh process: the real steps under
+torch.cuda.memory._record_memory_history, then the estimate with its allocator model's
+requests logged. Writes DIR/<id>.json.gz (both request sequences, compact: [1, n, bytes]
+for the n-th allocation, [0, n, 0] for its free) and prints, per id, the GPU's peaks, the
+model's on the GPU's own requests (the allocator model alone), the estimate's, and the
+first request where the two sequences differ. A model exact on the GPU's requests and an
+estimate off says the fake step's order of allocations and frees differs from the GPU's.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ZOO_DIR = ROOT / "benchmarks" / "zoo"
+for path in (ROOT, ROOT / "benchmarks", ZOO_DIR):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from allocator_replay import compact  # noqa: E402
+from memdoctor.cuda.allocator_model import replay_trace  # noqa: E402
+from zoo_accuracy import STEPS, configs  # noqa: E402
+
+
+def _row(cid: str) -> dict:
+    arch, mode, _ = cid.split("/")
+    for row in configs([arch], [mode]):
+        if row["id"] == cid:
+            return row
+    raise SystemExit(f"no zoo configuration {cid}")
+
+
+def _real(row: dict) -> dict:
+    import torch
+
+    from memdoctor.predict.fake_step import train_step
+    from memdoctor.remedies import prepare
+    from zoo_models import build
+    torch.manual_seed(0)
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=5_000_000)
+    with torch.device("cuda"):
+        model, optimizer, batch, loss_fn = build(row["arch"], row["batch"], own_checkpointing=row["own_checkpointing"])
+    prepared = prepare(model, optimizer, row["plan"], device_type="cuda") if row["plan"] else None
+    if prepared is not None:
+        optimizer = prepared.optimizer
+    for _ in range(STEPS):
+        train_step(model, optimizer, batch, loss_fn, prepared)
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    trace = [{"action": e["action"], "addr": e["addr"], "size": e["size"]} for e in snap["device_traces"][0]]
+    out = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+           "segments": sum(1 for e in trace if e["action"] == "segment_alloc"), "events": compact(trace)}
+    del model, optimizer, batch, prepared
+    torch.cuda.empty_cache()
+    return out
+
+
+def _predicted(row: dict) -> dict:
+    """The estimate, with its first replay's requests logged."""
+    from memdoctor.cuda import allocator_model
+    from memdoctor.predict.config import estimate_config
+    from zoo_accuracy import ZOO_SCRIPT, _script_args
+    log: list[list[int]] = []
+    numbers: dict[int, int] = {}
+    real_malloc, real_free = allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free
+    first: list = []
+
+    def malloc(self, nbytes):
+        block = real_malloc(self, nbytes)
+        if not first:
+            first.append(self)
+        if self is first[0] and block is not None:
+            numbers[id(block)] = len(numbers)
+            log.append([1, numbers[id(block)], int(nbytes)])
+        return block
+
+    def free(self, block):
+        if first and self is first[0] and block is not None and id(block) in numbers:
+            log.append([0, numbers.pop(id(block)), 0])
+        return real_free(self, block)
+    allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free = malloc, free
+    try:
+        est = estimate_config(script=str(ZOO_SCRIPT), script_args=_script_args(row), plan=row["plan"])
+    finally:
+        allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free = real_malloc, real_free
+    return {"allocated": est.peak_allocated_bytes, "reserved": est.peak_reserved_bytes, "events": log,
+            "notes": est.notes}
+
+
+def first_difference(real: list, predicted: list) -> int | None:
+    """Index of the first allocation whose size differs, counting allocations only."""
+    a = [e[2] for e in real if e[0] == 1]
+    b = [e[2] for e in predicted if e[0] == 1]
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def child(cid: str, out: Path) -> dict:
+    row = _row(cid)
+    real = _real(row)
+    pred = _predicted(row)
+    model = replay_trace(real["events"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / (cid.replace("/", "_") + ".json.gz")).write_bytes(
+        gzip.compress(json.dumps({"id": cid, "real": real, "predicted": pred}, separators=(",", ":")).encode()))
+    return {"id": cid, "gpu": [real["max_allocated"], real["max_reserved"]],
+            "model_on_gpu_requests": [model.peak_allocated, model.peak_reserved],
+            "estimate": [pred["allocated"], pred["reserved"]],
+            "allocations": [sum(1 for e in real["events"] if e[0] == 1), sum(1 for e in pred["events"] if e[0] == 1)],
+            "first_difference": first_difference(real["events"], pred["events"])}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ids", nargs="+")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print("TRACE_RESULT " + json.dumps(child(args.ids[0], Path(args.out))))
+        return 0
+    for cid in args.ids:
+        proc = subprocess.run([sys.executable, __file__, "--child", "--out", args.out, cid], capture_output=True,
+                              text=True, timeout=300)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TRACE_RESULT ")]
+        print(lines[-1][13:] if lines else f"{cid}: failed: {proc.stderr.strip()[-3000:]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
