@@ -72,7 +72,8 @@ def _predicted(row: dict) -> dict:
     from memdoctor.predict.config import estimate_config
     from zoo_accuracy import ZOO_SCRIPT, _script_args
     log: list[list[int]] = []
-    numbers: dict[int, int] = {}
+    numbers: dict[int, int] = {}        # id of a live block -> its allocation number
+    count = [0]
     real_malloc, real_free = allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free
     first: list = []
 
@@ -81,8 +82,9 @@ def _predicted(row: dict) -> dict:
         if not first:
             first.append(self)
         if self is first[0] and block is not None:
-            numbers[id(block)] = len(numbers)
-            log.append([1, numbers[id(block)], int(nbytes)])
+            numbers[id(block)] = count[0]
+            log.append([1, count[0], int(nbytes)])
+            count[0] += 1
         return block
 
     def free(self, block):

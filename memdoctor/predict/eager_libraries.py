@@ -7,11 +7,19 @@ value: a FakeTensor counts as tracing, and then an all-ones attention mask is ne
 enable_gqa=True), so the fake step would run other attention kernels than the GPU does.
 While `eager()` is active that check says no for fake tensors; the values it then reads
 come from memdoctor.predict.data_dependent (known, or assumed and noted).
+
+TorchScript functions (transformers' DeBERTa-v2 scripts its relative-position buckets)
+run, once profiled, as fused kernels that read their inputs' memory directly: on fake
+tensors that memory does not exist, and a GPU reports an illegal memory access. While
+`eager()` is active TorchScript runs unoptimized, one ATen op at a time, which fake
+tensors handle; the memory is the same but for the fused kernel's temporaries.
 """
 from __future__ import annotations
 
 import contextlib
 import sys
+
+import torch
 
 __all__ = ["eager"]
 
@@ -24,6 +32,7 @@ class _Eager:
 
     def refresh(self) -> None:
         """Patch the libraries imported since (a build imports them inside the estimate)."""
+        _flush_torchscript_plans()
         utils = sys.modules.get("transformers.utils.import_utils")
         if utils is not None and getattr(utils, "is_fake_tensor", None) is not None \
                 and not getattr(utils.is_fake_tensor, "_memdoctor_eager", False):
@@ -41,12 +50,49 @@ class _Eager:
 
 
 @contextlib.contextmanager
+def _no_fusion():
+    """TorchScript's fusers off (torch.jit.fuser("none") without its deprecation warnings)."""
+    c = torch._C
+    old = (c._jit_can_fuse_on_cpu(), c._jit_can_fuse_on_gpu(), c._jit_texpr_fuser_enabled(), c._jit_llga_enabled())
+    c._jit_override_can_fuse_on_cpu(False)
+    c._jit_override_can_fuse_on_gpu(False)
+    c._jit_set_texpr_fuser_enabled(False)
+    c._jit_set_llga_enabled(False)
+    try:
+        yield
+    finally:
+        c._jit_override_can_fuse_on_cpu(old[0])
+        c._jit_override_can_fuse_on_gpu(old[1])
+        c._jit_set_texpr_fuser_enabled(old[2])
+        c._jit_set_llga_enabled(old[3])
+
+
+def _flush_torchscript_plans() -> None:
+    """Forget the plans TorchScript functions of loaded modules cached (fused ones, from real
+    runs earlier in this process, would run on the fake tensors); they profile again."""
+    script_function = torch.jit.ScriptFunction
+    for module in list(sys.modules.values()):
+        try:
+            names = vars(module)
+        except TypeError:
+            continue
+        for value in list(names.values()):
+            if type(value) is script_function:     # never the value's own __class__ (lazy objects warn)
+                try:
+                    value._debug_flush_compilation_cache()
+                except Exception:
+                    pass
+
+
+@contextlib.contextmanager
 def eager():
     """Until the block ends, libraries see eager tensors where they look for fake ones; call
     `.refresh()` on what it yields after importing more of them."""
     state = _Eager()
     state.refresh()
     try:
-        yield state
+        with torch.jit.optimized_execution(False), _no_fusion():
+            yield state
     finally:
         state.restore()
+        _flush_torchscript_plans()
