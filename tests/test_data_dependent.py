@@ -156,10 +156,25 @@ def test_cudnn_rnns_run_fused_with_their_reserve_space_bounded_and_noted():
         assert any("cuDNN RNN" in n and "bounded from above" in n for n in est.notes), est.notes
         shape = RnnShape(cell.lower(), 256, 512, 0, 2, 1, 16, 128, torch.float32, True)
         reserve = bound(shape).reserve
-        assert reserve == 2 * 128 * 16 * 512 * 4 * (gates + 3)
+        assert reserve == 2 * 128 * 16 * 512 * 4 * (gates + 4)
         names = {b.name for b in est.run.blocks.values()}
         assert "aten.empty" in names
         assert est.peak_allocated_bytes > reserve
+
+
+def test_the_rnn_bound_holds_on_what_cudnn_took_on_an_h200():
+    """cuDNN's reserve and workspaces, measured on an H200 (benchmarks/zoo_accuracy.py's RNN
+    check), never exceed the bound the estimate uses without a GPU."""
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "zoo_rnn_check_h200_2026-12-01.json"
+    rows = json.loads(path.read_text())["checks"]["rnn"]
+    assert len(rows) == 8 and all("measured" in r for r in rows)
+    for row in rows:
+        shape = RnnShape(row["mode"], 1024, 1024, 0, 3, 1, row["batch"], 256, getattr(torch, row["dtype"]), True)
+        cap = bound(shape)
+        for field in ("reserve", "forward_workspace", "backward_data_workspace", "backward_weight_workspace"):
+            assert row["measured"][field] <= getattr(cap, field), (row, field)
 
 
 def test_an_rnn_under_autocast_keeps_a_low_precision_copy_of_its_weights():
