@@ -49,10 +49,11 @@ def prepare(case: dict, work: Path) -> None:
         subprocess.run([sys.executable, str(path), *rest], cwd=work, check=True, capture_output=True)
 
 
-def diagnose(case: dict, work: Path, kind: str = "cpu") -> dict:
+def diagnose(case: dict, work: Path, kind: str = "cpu", options: tuple = ()) -> dict:
+    """`memdoctor diagnose` on the case as a user runs it; `options` go to memdoctor."""
     args = case.get(f"args_{kind}", case.get("args", []))
     cmd = [sys.executable, "-m", "memdoctor", "diagnose", case["script"], "--budget", case["budget"][kind],
-           "--json", "--", *args]
+           *options, "--json", "--", *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     assert proc.returncode in (0, 3), proc.stderr[-3000:]
