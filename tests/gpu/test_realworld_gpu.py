@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.realworld.test_realworld import CASES, diagnose, prepare
+from tests.realworld.test_realworld import CASES, check_line, diagnose, prepare
 from tests.support.paths import shared_path
 
 pytestmark = pytest.mark.gpu
@@ -81,3 +81,4 @@ def test_real_code_cause_comes_first_on_cuda(case, source, tmp_path):
     rules = [f["rule"] for f in out["findings"]]
     assert rules and rules[0] == case["cause"], (case["why"], source, rules, out["findings"][:1])
     assert not set(rules) & set(case.get("absent", [])), rules
+    check_line(case, out["findings"][0])

@@ -8,7 +8,8 @@ Case fields: name, codebase (where the code comes from, commit and license), dir
 ("shared:PATH" under ../shared, or "own:PATH" beside this file), prepare (a script and its
 arguments, found in the copy or beside this file, run in the copy), patch (exact one-time
 replacements in the copy), script, args, budget per device kind, requires (modules),
-cause, absent, why.
+cause, line (where the cause is one line of the script: text the first finding's source
+line must hold, any of them), absent, why.
 """
 import json
 import os
@@ -71,6 +72,15 @@ def test_real_code_cause_comes_first(case, tmp_path):
     rules = [f["rule"] for f in out["findings"]]
     assert rules and rules[0] == case["cause"], (case["why"], rules, out["findings"][:1])
     assert not set(rules) & set(case.get("absent", [])), rules
+    check_line(case, out["findings"][0])
+
+
+def check_line(case: dict, finding: dict) -> None:
+    """The first finding names the script's line that makes or keeps the memory."""
+    if not case.get("line"):
+        return
+    text = (finding.get("source") or {}).get("text") or ""
+    assert any(fragment in text for fragment in case["line"]), (case["name"], finding.get("source"))
 
 
 def test_two_codebases_for_every_cause():
