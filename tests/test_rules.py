@@ -205,6 +205,20 @@ def test_eight_bit_state_is_two_bytes_a_parameter():
     assert remedy.predicted_peak_bytes == params + params + params // 2     # weights, gradients, 2 bytes a parameter
 
 
+def test_an_evaluation_under_no_grad_runs_out_on_its_logits_not_on_activations(tmp_path):
+    """The evaluation (under @torch.no_grad()) asks for 1000 MiB of logits and runs out
+    before any of them exists: no tensor is saved for backward, so neither activations nor
+    evaluation without no_grad is a cause; the logits are, and the remedy is a smaller
+    evaluation batch, not micro-batches of training."""
+    _, out = diagnose_json(HERE / "scenarios" / "eval_logits_no_grad.py", "--budget", "1GiB", cwd=tmp_path)
+    rules = [f["rule"] for f in out["findings"]]
+    assert rules and rules[0] == "large-logits", rules
+    assert not {"activations", "eval-without-no-grad"} & set(rules), rules
+    remedies = [r["title"] for r in out["findings"][0]["remedies"]]
+    assert "smaller evaluation batch" in remedies and "smaller micro-batches" not in remedies, remedies
+    assert "logits = model(ids[:, :-1])" in out["findings"][0]["source"]["text"]
+
+
 def test_large_logits_named_without_shapes(tmp_path):
     """The CUDA allocator's history records no shapes for most blocks: with every shape but
     the weights' removed from a traced run, the logits are still found by their size over

@@ -37,6 +37,7 @@ class Facts:
     oom_phase: str | None = None
     oom_step: int | None = None
     oom_module: str | None = None
+    oom_grad_enabled: bool | None = None          # grad mode of the outermost forward running at the OOM
     focus: Breakdown | None = None                # at the OOM, else at the peak
     focus_blocks: list[Block] = field(default_factory=list)
     peak_bytes: int = 0
@@ -100,6 +101,18 @@ class Facts:
         return (self.optimizer or {}).get("param_bytes", 0)
 
 
+def _grad_mode_at(run: Run, seq: int) -> bool | None:
+    """Whether the outermost forward call in progress at event `seq` ran with grad mode on
+    (None: no forward call was): under no_grad nothing it makes is saved for backward."""
+    if not run.marks:
+        return None
+    index = bisect.bisect_right([m.seq for m in run.marks], seq) - 1
+    running = [c for c in run.meta.get("forward_calls", [])
+               if isinstance(c, dict) and type(c.get("mark_start")) is int and c["mark_start"] <= index
+               and (c.get("mark_end") is None or (type(c["mark_end"]) is int and c["mark_end"] >= index))]
+    return bool(running[-1].get("grad_enabled", True)) if running else None
+
+
 def facts_from_run(run: Run) -> Facts:
     f = Facts(source="run", budget_bytes=run.budget_bytes, device=run.device.get("type", "cpu"))
     f.run = run
@@ -111,6 +124,7 @@ def facts_from_run(run: Run) -> Facts:
         o = run.ooms[0]
         f.oom, f.requested_bytes = True, o.requested_bytes
         f.oom_phase, f.oom_step, f.oom_module = o.phase, o.step, o.module
+        f.oom_grad_enabled = _grad_mode_at(run, o.seq)
         focus_seq = max(o.seq - 1, 0)
         if not o.simulated:
             _allocator_facts(f, o.message)

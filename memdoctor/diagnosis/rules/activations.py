@@ -5,8 +5,9 @@ What it detects
     backward pass, and they were made in this very step.
 Preconditions
     - the run is under pressure (an OOM, or a peak within 20% of the limit);
-    - tensors saved for backward by this step's forward (plus, for an OOM in forward, the
-      request) take at least 35% of live memory.
+    - tensors saved for backward by this step's forward (plus, for an OOM in a forward run
+      with grad mode on, the request) take at least 35% of live memory; a forward under
+      `torch.no_grad()` saves nothing.
 Why it runs out of memory
     Every layer keeps its inputs (and often more) until backward reaches it. Saved bytes
     grow linearly with batch size and, with plain attention, quadratically with sequence
@@ -36,8 +37,8 @@ def check(f: Facts) -> Finding | None:
     if not f.under_pressure or f.source != "run":
         return None
     acts = f.step_activations
-    if f.oom and f.oom_phase == "forward":
-        acts += f.requested_bytes or 0      # what a forward asks for is about to be saved
+    if f.oom and f.oom_phase == "forward" and f.oom_grad_enabled is not False:
+        acts += f.requested_bytes or 0      # what a forward with grad mode on asks for is about to be saved
     live = f.focus_bytes
     if not live or acts < SHARE * live:
         return None

@@ -9,7 +9,8 @@ Preconditions
     - a 2-D weight has at least 8192 rows that no other layer reads as its input width
       (an output projection, not a hidden layer);
     - live tensors whose last dimension is that row count (plus a failed request that a
-      vocabulary row divides) take at least 30% of live memory.
+      vocabulary row divides, of at least 256 rows: a forward under no_grad can run out
+      asking for the logits themselves) take at least 30% of live memory.
 Why it runs out of memory
     batch x sequence x vocabulary floats: 4 x 512 x 32000 in fp32 is 250 MiB for the
     logits alone, and cross-entropy makes one more of the same size, and backward a third.
@@ -19,7 +20,9 @@ Example
           time, so full-vocabulary tensors exist for one chunk only
 Fix
     Compute the head and the loss in chunks (or with a fused linear-cross-entropy kernel),
-    or use micro-batches so fewer tokens are in flight.
+    or use micro-batches so fewer tokens are in flight; where the logits come from passes
+    never back-propagated (an evaluation loop, under no_grad or not), evaluate a smaller
+    batch at a time instead: training is untouched.
 Known limits
     A vocabulary is recognised by its width only: a hidden layer 8192 wide that no other
     layer reads (a final embedding) looks the same.
@@ -28,39 +31,49 @@ from __future__ import annotations
 
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import SPECIFIC_PART, Finding, Remedy, fits, plural
-from memdoctor.diagnosis.facts import Facts
+from memdoctor.diagnosis.facts import LOGIT_ROWS, Facts
 
 ID = "large-logits"
 SHARE = 0.3
 CHUNKS = 8
+NOB = "forward-without-backward"
 
 
 def check(f: Facts) -> Finding | None:
-    if not f.under_pressure or f.source != "run" or not f.logits or not f.vocab:
+    if not f.under_pressure or f.source != "run" or not f.vocab:
         return None
     logit_bytes = sum(b.nbytes for b in f.logits)
     request = f.requested_bytes or 0
     per_row = f.vocab * 2   # a vocabulary row in 16 bits divides any float logits tensor
-    if f.oom and request and request % per_row == 0:
+    asked = bool(f.oom and request and request % per_row == 0 and request >= per_row * LOGIT_ROWS)
+    if asked:
         logit_bytes += request
     live = f.focus_bytes
-    if logit_bytes < SHARE * live:
+    if not logit_bytes or logit_bytes < SHARE * live:
         return None
-    biggest = max(f.logits, key=lambda b: b.nbytes)
-    evidence = [f"{plural(len(f.logits), 'tensor')} over the {f.vocab}-entry vocabulary "
-                f"{'holds' if len(f.logits) == 1 else 'hold'} {format_bytes(logit_bytes)}, "
+    count = len(f.logits) + asked
+    evidence = [f"{plural(count, 'tensor')} over the {f.vocab}-entry vocabulary "
+                f"{'holds' if count == 1 else 'hold'} {format_bytes(logit_bytes)}, "
                 f"{100 * logit_bytes / live:.0f}% of {format_bytes(live)}"
-                + (" (the failed request among them)" if f.oom and request % per_row == 0 else ""),
-                f"largest: {biggest.name or 'a tensor'} "
-                + (f"{'x'.join(map(str, biggest.shape))} {biggest.dtype} " if biggest.shape else "")
-                + f"{format_bytes(biggest.nbytes)} in {biggest.phase}"]
+                + (" (the failed request among them)" if asked else "")]
+    if f.logits:
+        biggest = max(f.logits, key=lambda b: b.nbytes)
+        evidence.append(f"largest: {biggest.name or 'a tensor'} "
+                        + (f"{'x'.join(map(str, biggest.shape))} {biggest.dtype} " if biggest.shape else "")
+                        + f"{format_bytes(biggest.nbytes)} in {biggest.phase}")
     predicted = live - logit_bytes + logit_bytes // CHUNKS
     remedies = [
         Remedy("chunked cross-entropy", f"compute the head and the loss over {CHUNKS} chunks of tokens "
                "(memdoctor.remedies.chunked_cross_entropy)", predicted, None),
-        Remedy("smaller micro-batches", "Plan(micro_batch=...) keeps the effective batch",
-               live - logit_bytes + logit_bytes // 4, "micro=auto"),
     ]
+    quarter = live - logit_bytes + logit_bytes // 4
+    if f.oom_phase == NOB or (f.oom and f.oom_grad_enabled is False) \
+            or (f.logits and all(b.phase == NOB for b in f.logits)):
+        remedies.append(Remedy("smaller evaluation batch", "evaluate a quarter of the batch at a time (the "
+                               "evaluation loop's own batch size; training is untouched)", quarter, None))
+    else:
+        remedies.append(Remedy("smaller micro-batches", "Plan(micro_batch=...) keeps the effective batch",
+                               quarter, "micro=auto"))
     return Finding(ID, f"logits over a {f.vocab}-entry vocabulary take {format_bytes(logit_bytes)}",
                    logit_bytes, evidence, remedies, SPECIFIC_PART, fits(f, predicted),
                    {"vocab": f.vocab})
