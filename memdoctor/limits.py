@@ -1,5 +1,8 @@
 """The memory a reader of a user's file (run file, snapshot, log) may build: a stated limit,
-512 MiB unless MEMDOCTOR_READ_LIMIT says otherwise, charged as the reader builds.
+2 GiB unless MEMDOCTOR_READ_LIMIT says otherwise, charged as the reader builds. The charge
+is an upper bound (a trace of 60,000 forward calls and 300,000 events charges 636 MiB and
+takes 320 MiB to read), and the limit leaves room for such traces: it stops a file that
+would take many times a machine's memory, never a run memdoctor itself wrote.
 
 A file's size says little about what reading it costs: a 50 KB gzip of JSON can hold
 sixteen million empty objects, a 266 KB run file thirty million events. So readers charge
@@ -14,7 +17,7 @@ import zlib
 
 from memdoctor.units import SizeError, format_bytes, parse_size
 
-DEFAULT_LIMIT = 512 * 1024**2
+DEFAULT_LIMIT = 2 * 1024**3
 ENV = "MEMDOCTOR_READ_LIMIT"
 
 # What json.loads builds, per token of the text: a value's slot in its container and the
@@ -40,7 +43,7 @@ class ReadLimitError(Exception):
 
 
 def read_limit() -> int:
-    """The limit in bytes: MEMDOCTOR_READ_LIMIT ("2GiB", a byte count) or 512 MiB."""
+    """The limit in bytes: MEMDOCTOR_READ_LIMIT ("4GiB", a byte count) or 2 GiB."""
     text = os.environ.get(ENV)
     if not text:
         return DEFAULT_LIMIT

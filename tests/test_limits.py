@@ -21,14 +21,40 @@ from tests.test_oomlog import NEW
 
 
 # ---- the limit -----------------------------------------------------------------------------
-def test_the_limit_is_512_mib_and_settable(monkeypatch):
+def test_the_limit_is_2_gib_and_settable(monkeypatch):
     monkeypatch.delenv("MEMDOCTOR_READ_LIMIT", raising=False)
-    assert read_limit() == DEFAULT_LIMIT == 512 * 2**20
-    monkeypatch.setenv("MEMDOCTOR_READ_LIMIT", "2GiB")
-    assert read_limit() == 2 * 2**30
+    assert read_limit() == DEFAULT_LIMIT == 2 * 2**30
+    monkeypatch.setenv("MEMDOCTOR_READ_LIMIT", "4GiB")
+    assert read_limit() == 4 * 2**30
     monkeypatch.setenv("MEMDOCTOR_READ_LIMIT", "lots")
     with pytest.raises(ReadLimitError, match="MEMDOCTOR_READ_LIMIT"):
         read_limit()
+
+
+def test_a_trace_of_60000_forward_calls_reads_back_under_the_default_limit(tmp_path, monkeypatch):
+    """A dataset preloaded sample by sample (60,000 transform calls, 300,000 events) is a
+    run memdoctor writes; reading it back charges less than the default limit, and at
+    least what reading it takes."""
+    import tracemalloc
+    from memdoctor.capture.script import trace_script
+    monkeypatch.delenv("MEMDOCTOR_READ_LIMIT", raising=False)
+    script = tmp_path / "preload.py"
+    script.write_text("import torch\nfrom torch import nn\n"
+                      "class Normalize(nn.Module):\n    def forward(self, x):\n        return (x - 0.13) / 0.31\n"
+                      "norm = Normalize()\ndata = [norm(torch.rand(1, 28, 28)) for _ in range(60000)]\n")
+    path = tmp_path / "r.memrun.json.gz"
+    trace_script(str(script), source="dispatch").run.save(path)
+    charged = Allowance("x", limit=1 << 62)
+    from memdoctor.run import read_run_text
+    read_run_text(path, charged)
+    tracemalloc.start()
+    try:
+        run = Run.load(path)
+        taken = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert run.num_events >= 300_000 and len(run.meta["forward_calls"]) == 60_000
+    assert taken <= charged.used < DEFAULT_LIMIT
 
 
 def test_what_json_builds_is_charged_not_only_its_bytes():

@@ -20,6 +20,13 @@ from memdoctor.run import Category, Phase
 from memdoctor.capture.frames import UserFrames
 from memdoctor.capture.recorder import Recorder, log
 
+try:
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy as _set_code_exec_strategy
+    _SKIP_ALL = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+except (ImportError, AttributeError, TypeError):
+    _SKIP_ALL = None
+
 _in_backward = torch._C._current_graph_task_id
 _TEMP = Category.TEMPORARIES.value
 _BACKWARD = Phase.BACKWARD.value
@@ -35,10 +42,20 @@ _GRADIENTS = Category.GRADIENTS.value
 
 
 class DispatchSource(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """torch wraps a mode's __torch_dispatch__ in dynamo's disable, which imports torch._dynamo
+        on the first op (a second on a CPU) and costs a few microseconds an op; where the code
+        object can be marked for dynamo to skip instead (below the class), it is not wrapped."""
+        return _SKIP_ALL is None
+
     def __init__(self, recorder: Recorder):
         super().__init__()
         self.recorder = recorder
         self._names: dict = {}
+        # id(op) -> (op, its name), for the ops whose output goes the inline way (all but the
+        # zeroing ones); keyed by id: an OpOverload's hash is a Python method
+        self._plain: dict[int, tuple] = {}
         self.broken = False
         self._frames = UserFrames(recorder.run.sources)
         self._zeroed: dict[int, set[int]] = {}     # source index -> gradient blocks zeroed there
@@ -70,11 +87,24 @@ class DispatchSource(TorchDispatchMode):
                 super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = func(*args, **kwargs) if kwargs else func(*args)
         if self.broken:
             return out
         try:
-            self._record(func, out, args)
+            # one op's output, a plain tensor, is by far the most common: recorded here inline
+            known = self._plain.get(id(func))
+            if known is not None and known[0] is func and type(out) is Tensor:
+                rec = self.recorder
+                if _in_backward() != -1:
+                    if rec.phase != _BACKWARD:
+                        rec.mark(_BACKWARD)
+                elif rec.phase == _BACKWARD:
+                    rec.mark(rec.outer_phase())
+                block = rec.add_output(out, known[1])
+                if block is not None:       # a new storage: the user's line (here(2): above this method)
+                    block.source = self._frames.here(2)
+            else:
+                self._record(func, out, args)
         except torch.OutOfMemoryError:
             self._oom_source()
             raise
@@ -88,6 +118,8 @@ class DispatchSource(TorchDispatchMode):
         name = self._names.get(func)
         if name is None:
             name = self._names[func] = f"aten.{func.overloadpacket.__name__}"
+            if name not in _ZEROING:
+                self._plain[id(func)] = (func, name)
         if name in _ZEROING:
             self._note_zeroed(args)
         if _in_backward() != -1:
@@ -143,6 +175,16 @@ class DispatchSource(TorchDispatchMode):
                 ooms[-1].source = self._frames.here(3)
         except Exception as exc:        # memdoctor's failure must not change the OOM
             log.warning("memdoctor: the OOM's source line was not recorded: %r", exc)
+
+
+# Mark __torch_dispatch__ for dynamo to skip, itself and every frame it calls (what dynamo's
+# disable does, without importing dynamo and with no per-op cost); torch versions without the
+# call keep torch's own wrapper (_should_skip_dynamo).
+if _SKIP_ALL is not None:
+    try:
+        _set_code_exec_strategy(DispatchSource.__torch_dispatch__.__code__, _SKIP_ALL)
+    except Exception:           # torch's own wrapper then, as _should_skip_dynamo would have put it
+        DispatchSource.__torch_dispatch__ = torch._disable_dynamo(DispatchSource.__torch_dispatch__, recursive=True)
 
 
 # ---- storages resized in place ----------------------------------------------------------

@@ -460,17 +460,28 @@ def _call_kwargs() -> dict | None:
         ("module.py", "module.pyc")) else None
 
 
+_ATOMS = (int, float, bool, str, type(None))
+
+
 def _tensors(obj) -> list:
-    """The tensors in a module's arguments or output. A tensor or a flat tuple of tensors
-    and plain values is by far the most common: walked directly, a pytree flatten (several
-    microseconds, a transform called once a sample) only for anything nested."""
+    """The tensors in a module's arguments or output. A tensor, a flat tuple of tensors and
+    plain values or a dict of them (the call's keyword arguments, most often none) is by far
+    the most common: walked directly, a pytree flatten (several microseconds, a transform
+    called once a sample) only for anything nested."""
     if obj is None:
         return []
     if isinstance(obj, torch.Tensor):
         return [obj]
-    if type(obj) in (tuple, list) and all(isinstance(x, (torch.Tensor, int, float, bool, str, type(None)))
-                                          for x in obj):
-        return [x for x in obj if isinstance(x, torch.Tensor)]
+    kind = type(obj)
+    if kind is tuple or kind is list or kind is dict:
+        found = []
+        for x in (obj.values() if kind is dict else obj):
+            if isinstance(x, torch.Tensor):
+                found.append(x)
+            elif not isinstance(x, _ATOMS):
+                break
+        else:
+            return found
     return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
 
 

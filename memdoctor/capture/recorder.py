@@ -17,12 +17,13 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from memdoctor.run import OOM, Action, Block, Mark, Phase, Run, stronger
+from memdoctor.run import OOM, Action, Block, Category, Mark, Phase, Run, stronger
 
 log = logging.getLogger("memdoctor")
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)    # the types that hold their own storage
+_TEMP = Category.TEMPORARIES.value
 _WRAPPERS: dict[type, bool] = {}                # tensor subclass -> holds its memory in inner tensors
 
 
@@ -113,6 +114,27 @@ class Recorder:
         if self.budget is not None and not before:
             self.budget(nbytes, self.live_bytes)
         return self._alloc(storage, key, nbytes, tensor, name, category, phase)
+
+    def add_output(self, tensor: torch.Tensor, name: str) -> Block | None:
+        """An op's output of type Tensor itself, counted as a temporary: its Block if the
+        storage is new, None if it is counted already (a view, an in-place op) or has none.
+        The path of nearly every op, without `add`'s checks for subclasses: a storage
+        already counted costs one dict lookup."""
+        try:
+            storage = tensor.untyped_storage()
+        except Exception:
+            return None
+        key = storage._cdata
+        entry = self.live.get(key)
+        if entry is not None:
+            block = entry.block
+            if block.category != _TEMP:
+                block.category = stronger(_TEMP, block.category)
+            return None
+        nbytes = storage.nbytes()
+        if self.budget is not None:
+            self.budget(nbytes, self.live_bytes)
+        return self._alloc(storage, key, nbytes, tensor, name, _TEMP, None)
 
     def _add_inner(self, tensor, name: str, category: str, phase: str | None,
                    before: bool = False) -> Block | None:
