@@ -245,9 +245,14 @@ class OwnershipHooks:
             if id(module) not in self.roots and self._holds_parameters(module):
                 self.adopt_model(module)
             for t in _tensors(args) + _tensors(_call_kwargs()):
-                if isinstance(t, torch.Tensor) and not self._made_by_forward(t):
-                    rec.claim(t, Category.INPUTS.value)
-                    self._note_slice(t)
+                try:                # asked once: each call makes a new Python object
+                    storage = t.untyped_storage()
+                except Exception:
+                    storage = None
+                if not self._made_by_forward(t, storage):
+                    rec.claim(t, Category.INPUTS.value, storage=storage)
+                    if storage is not None:
+                        self._note_slice(t, storage)
             name = self.module_names.get(id(module), type(module).__name__)
             self.calls.append(ForwardCall(len(self.calls), name, len(rec.run.actions),
                                           training=module.training,
@@ -309,14 +314,10 @@ class OwnershipHooks:
         self._parameterless[id(module)] = weakref.ref(module)
         return False
 
-    def _note_slice(self, t: torch.Tensor) -> None:
+    def _note_slice(self, t: torch.Tensor, storage) -> None:
         """An input that is a small view of a large storage (a batch sliced from a dataset
         held whole): remember the storage (its block, or its address under the allocator
         source) and the rows taken from it."""
-        try:
-            storage = t.untyped_storage()
-        except Exception:
-            return
         if storage.nbytes() < DATASET_ROWS * max(t.numel() * t.element_size(), 1):
             return
         entry = self.rec.live.get(storage._cdata)
@@ -327,14 +328,12 @@ class OwnershipHooks:
     def sliced_inputs(self) -> list[dict]:
         return [{kind: value, "rows": rows} for (kind, value), rows in self.sliced.items()]
 
-    def _made_by_forward(self, t: torch.Tensor) -> bool:
+    def _made_by_forward(self, t: torch.Tensor, storage) -> bool:
         """A model's output handed on (to an nn.Module loss, to a second model) is no input:
         it carries a graph, or it is (a view of) the last forward's output."""
         if t.grad_fn is not None:
             return True
-        try:
-            storage = t.untyped_storage()
-        except Exception:
+        if storage is None:
             return False
         ref = self._outputs.get(storage._cdata)
         return ref is not None and ref() is not None

@@ -87,7 +87,7 @@ class Recorder:
 
     # ---- storages ------------------------------------------------------------------
     def add(self, tensor, name: str, category: str, phase: str | None = None,
-            before: bool = False) -> Block | None:
+            before: bool = False, storage=None) -> Block | None:
         """Count `tensor`'s storage if it is new; returns its Block either way. `before`:
         the storage is no op's output in the trace but existed already (claimed): it counts
         in the live bytes, yet the simulated budget never raises for it: only what the
@@ -99,10 +99,11 @@ class Recorder:
                 wrapper = _WRAPPERS[kind] = is_traceable_wrapper_subclass(tensor)
             if wrapper:
                 return self._add_inner(tensor, name, category, phase, before)
-        try:                    # runs for every op's output: kept flat
-            storage = tensor.untyped_storage()
-        except Exception:
-            return None
+        if storage is None:     # runs for every op's output: kept flat
+            try:
+                storage = tensor.untyped_storage()
+            except Exception:
+                return None
         key = storage._cdata
         entry = self.live.get(key)
         if entry is not None:
@@ -242,17 +243,18 @@ class Recorder:
         run.event_bytes.append(block.nbytes)
         self.live_bytes -= block.nbytes
 
-    def claim(self, tensor, category: str, name: str | None = None) -> None:
-        """Say who owns an existing tensor's storage (counting it first if it is new)."""
+    def claim(self, tensor, category: str, name: str | None = None, storage=None) -> None:
+        """Say who owns an existing tensor's storage (counting it first if it is new);
+        `storage`: the tensor's untyped storage where the caller has it already."""
         if self.claims is not None:
             try:
-                addr = tensor.untyped_storage().data_ptr()
+                addr = (storage if storage is not None else tensor.untyped_storage()).data_ptr()
             except Exception:
                 return
             # shape and dtype kept as torch gives them: turned into text once, at the join
             self.claims.append((len(self.run.marks) - 1, addr, category, name, tensor.shape, tensor.dtype))
             return
-        block = self.add(tensor, name or "", category, before=True)
+        block = self.add(tensor, name or "", category, before=True, storage=storage)
         if block is not None and name and block.category == category:
             block.name = name
 
