@@ -219,6 +219,20 @@ def test_an_evaluation_under_no_grad_runs_out_on_its_logits_not_on_activations(t
     assert "logits = model(ids[:, :-1])" in out["findings"][0]["source"]["text"]
 
 
+def test_micro_batches_summed_for_one_backward_are_activations_not_evaluation_or_leak(tmp_path):
+    """Sixteen training passes whose losses are summed before one backward run out before
+    it: their graphs still wait for that backward, so they are neither passes without
+    backward nor a leak (steps here are the model calls); the fix is a backward each."""
+    _, out = diagnose_json(HERE / "scenarios" / "losses_summed_one_backward.py", "--budget", "160MiB", cwd=tmp_path)
+    rules = [f["rule"] for f in out["findings"]]
+    assert rules and rules[0] == "activations", rules
+    assert not {"eval-without-no-grad", "leak"} & set(rules), rules
+    first = out["findings"][0]["remedies"][0]
+    assert first["title"] == "backward per micro-batch"
+    live = sum(out["breakdown"].values())
+    assert first["predicted_peak_bytes"] < live / 2
+
+
 def test_large_logits_named_without_shapes(tmp_path):
     """The CUDA allocator's history records no shapes for most blocks: with every shape but
     the weights' removed from a traced run, the logits are still found by their size over

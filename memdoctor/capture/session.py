@@ -199,17 +199,20 @@ def _nvml_now(index: int) -> dict:
 def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     """Forward passes that built a graph nobody back-propagated keep their saved tensors for
     nothing. A pass needs grad mode on and an output carrying a graph (under no_grad, or a
-    transform on plain data, nothing is kept). A pass cut short by the OOM has no output
-    yet: it counts when its module was in eval mode with grad on (the classic validation
-    loop without no_grad). Linear: the passes' ranges are sorted, each event a bisection."""
+    transform on plain data, nothing is kept). When the run ends in an OOM, the passes
+    since the last back-propagated one may still get their backward: those in training
+    mode (micro-batches whose losses are summed before one backward) do not count; those in
+    eval mode do (the classic validation loop without no_grad), the one cut short too.
+    Linear: the passes' ranges are sorted, each event a bisection."""
     calls = run.meta.get("forward_calls", [])
+    last_backward = max((i for i, c in enumerate(calls) if c["backward"]), default=-1)
     ranges = []
     for i, c in enumerate(calls):
         if c["backward"] or not c["grad_enabled"]:
             continue
         cut_short = i == len(calls) - 1 and ended_in_oom
-        if cut_short and c["training"]:
-            continue            # a training forward the OOM stopped before its backward
+        if ended_in_oom and i > last_backward and c["training"]:
+            continue            # a training forward the OOM came before its backward
         if not cut_short and not c.get("graph", True):
             continue            # nothing saved: no graph was built
         end = c["seq_end"] if c["seq_end"] is not None else run.num_events

@@ -38,6 +38,9 @@ class Facts:
     oom_step: int | None = None
     oom_module: str | None = None
     oom_grad_enabled: bool | None = None          # grad mode of the outermost forward running at the OOM
+    pending_passes: int = 0                       # training passes since the last backward, at an OOM
+    pending_activations: int = 0                  # and what they saved for it
+    pending_from_seq: int | None = None           # the event where the first of them began
     focus: Breakdown | None = None                # at the OOM, else at the peak
     focus_blocks: list[Block] = field(default_factory=list)
     peak_bytes: int = 0
@@ -113,6 +116,19 @@ def _grad_mode_at(run: Run, seq: int) -> bool | None:
     return bool(running[-1].get("grad_enabled", True)) if running else None
 
 
+def _pending_passes(run: Run) -> tuple[int, int | None]:
+    """At an OOM: the model calls in training mode with grad on since the last call that was
+    back-propagated (their backward has not come yet), and the event where the first began."""
+    if not run.ooms:
+        return 0, None
+    calls = [c for c in run.meta.get("forward_calls", []) if isinstance(c, dict)]
+    last = max((i for i, c in enumerate(calls) if c.get("backward")), default=-1)
+    pending = [c for c in calls[last + 1:]
+               if c.get("training") and c.get("grad_enabled") and c.get("params", True)]
+    starts = [c["seq_start"] for c in pending if type(c.get("seq_start")) is int]
+    return len(pending), (min(starts) if starts else None)
+
+
 def facts_from_run(run: Run) -> Facts:
     f = Facts(source="run", budget_bytes=run.budget_bytes, device=run.device.get("type", "cpu"))
     f.run = run
@@ -137,7 +153,15 @@ def facts_from_run(run: Run) -> Facts:
     f.steps = per_step(run)
     f.steps_from = run.meta.get("steps_from", "optimizer")
     f.growth_per_step = _kept_growth(run, f.steps)
-    f.leaked = [b for b in f.focus_blocks if _kept(b) and b.step < current_step - 1]
+    f.pending_passes, pending_seq = _pending_passes(run)
+    # what the passes still awaiting their backward saved for it is no leak, whatever the steps
+    awaiting = set()
+    if f.pending_passes >= 2 and pending_seq is not None:
+        f.pending_from_seq = pending_seq
+        awaiting = {b.id for b in f.focus_blocks if b.category == ACT and b.alloc_seq >= pending_seq
+                    and b.phase == Phase.FORWARD.value}
+        f.pending_activations = sum(b.nbytes for b in f.focus_blocks if b.id in awaiting)
+    f.leaked = [b for b in f.focus_blocks if _kept(b) and b.step < current_step - 1 and b.id not in awaiting]
     nob = Phase.FORWARD_NO_BACKWARD.value
     # what a graph nobody back-propagates keeps: the tensors saved for its backward
     f.no_backward_activation_bytes = sum(b.nbytes for b in f.focus_blocks
@@ -159,8 +183,9 @@ def facts_from_run(run: Run) -> Facts:
         # a gradient this step's backward has not made yet was kept from an earlier step
         f.grads_in_forward = sum(b.nbytes for b in f.focus_blocks if b.category == G and b.step < current_step)
     _find_dataset(f, run)
-    f.step_activations = sum(b.nbytes for b in f.focus_blocks      # training's: a pass never
-                             if b.category == ACT and b.step == current_step and b.phase != nob)   # back-propagated is not
+    f.step_activations = max(sum(b.nbytes for b in f.focus_blocks      # training's: a pass never
+                                 if b.category == ACT and b.step == current_step and b.phase != nob),  # back-propagated is not
+                             f.pending_activations)
     _find_logits(f)
     nvml = run.device.get("nvml_at_oom") or run.device.get("nvml") or {}
     if nvml.get("available"):

@@ -18,7 +18,8 @@ Example
           Plan(micro_batch=4096)        # same effective batch, accumulated gradients
 Fix
     Checkpoint the repeated blocks, split the batch into micro-batches with gradient
-    accumulation (the effective batch stays), or train in bf16 autocast.
+    accumulation (the effective batch stays), or train in bf16 autocast. Where several
+    training passes wait for one backward (their losses summed first), back-propagate each.
 Known limits
     Predictions for checkpointing assume repeated blocks named with an index
     (`layers.3`); a flat stack is predicted as one block.
@@ -65,6 +66,14 @@ def check(f: Facts) -> Finding | None:
         Remedy("bf16 autocast", "Plan(precision='bf16'): activations in 16 bits",
                fixed + scaling // 2, "bf16"),
     ]
+    if f.pending_passes >= 2 and f.pending_activations * 2 >= acts:
+        # many passes' graphs wait for one backward: gradient accumulation done by summing losses
+        evidence.append(f"{f.pending_passes} training passes ran since the last backward and all their graphs "
+                        f"wait for one (losses summed before `.backward()`)")
+        remedies.insert(0, Remedy("backward per micro-batch",
+                                  "call `(loss / steps).backward()` after each forward instead of summing the "
+                                  "losses for one backward: the same gradients, one pass's activations at a time",
+                                  live - acts + acts // f.pending_passes, None))
     best = min(r.predicted_peak_bytes for r in remedies)
     return Finding(ID, f"activations saved for backward take {format_bytes(acts)}", acts, evidence,
                    remedies, STRUCTURAL, fits(f, best), {"by_module": dict(modules)})
@@ -75,12 +84,17 @@ def _step_temporaries(f: Facts) -> int:
                if b.category == "temporaries" and b.step == f.focus.step and b.phase in ("forward", "backward"))
 
 
+def _this_step(f: Facts, b) -> bool:
+    """Saved by this step's forward, or by the training passes still awaiting their backward."""
+    return b.step == f.focus.step or (f.pending_from_seq is not None and b.alloc_seq >= f.pending_from_seq)
+
+
 def _block_activations(f: Facts) -> dict[str, int]:
     """Saved bytes per repeated block: modules grouped by their path up to the first index
     ("blocks.3.attn" -> "blocks.3")."""
     by: dict[str, int] = {}
     for b in f.focus_blocks:
-        if b.category != "activations" or b.step != f.focus.step or not b.module:
+        if b.category != "activations" or not _this_step(f, b) or not b.module:
             continue
         parts = b.module.split(".")
         cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
@@ -94,6 +108,6 @@ def _block_activations(f: Facts) -> dict[str, int]:
 def _top_modules(f: Facts, limit: int = 4) -> list[tuple[str, int]]:
     by: dict[str, int] = {}
     for b in f.focus_blocks:
-        if b.category == "activations" and b.step == f.focus.step:
+        if b.category == "activations" and _this_step(f, b):
             by[b.module or "(outside modules)"] = by.get(b.module or "(outside modules)", 0) + b.nbytes
     return sorted(by.items(), key=lambda kv: -kv[1])[:limit]
