@@ -1,8 +1,7 @@
 """The memory a reader of a user's file (run file, snapshot, log) may build: a stated limit,
-2 GiB unless MEMDOCTOR_READ_LIMIT says otherwise, charged as the reader builds. The charge
+1 GiB unless MEMDOCTOR_READ_LIMIT says otherwise, charged as the reader builds. The charge
 is an upper bound (a trace of 60,000 forward calls and 300,000 events charges 636 MiB and
-takes 320 MiB to read), and the limit leaves room for such traces: it stops a file that
-would take many times a machine's memory, never a run memdoctor itself wrote.
+takes 320 MiB to read), and the limit leaves room for such traces.
 
 A file's size says little about what reading it costs: a 50 KB gzip of JSON can hold
 sixteen million empty objects, a 266 KB run file thirty million events. So readers charge
@@ -17,7 +16,7 @@ import zlib
 
 from memdoctor.units import SizeError, format_bytes, parse_size
 
-DEFAULT_LIMIT = 2 * 1024**3
+DEFAULT_LIMIT = 1024**3
 ENV = "MEMDOCTOR_READ_LIMIT"
 
 # What json.loads builds, per token of the text: a value's slot in its container and the
@@ -43,7 +42,7 @@ class ReadLimitError(Exception):
 
 
 def read_limit() -> int:
-    """The limit in bytes: MEMDOCTOR_READ_LIMIT ("4GiB", a byte count) or 2 GiB."""
+    """The limit in bytes: MEMDOCTOR_READ_LIMIT ("4GiB", a byte count) or 1 GiB."""
     text = os.environ.get(ENV)
     if not text:
         return DEFAULT_LIMIT

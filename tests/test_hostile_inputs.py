@@ -117,7 +117,7 @@ def _run_files(folder: Path) -> dict[str, tuple[Path, tuple]]:
     base = bases["traced"]
     zeros = b'{"format":"memdoctor.run","version":1,"events":{"action":[' + b"0," * 30_000_000 + b"0]}}"
     put("run-bomb-thirty-million-events", _gz(zeros), (2,))
-    put("run-bomb-empty-objects", _gz(json.dumps({**base, "meta": {"x": [{}] * 4_000_000}}).encode()), (2,))
+    put("run-bomb-empty-objects", _gz(json.dumps({**base, "meta": {"x": [{}] * 12_000_000}}).encode()), (2,))
     put("run-bomb-deep-nesting", _gz(json.dumps(base)[:-1].encode() + b',"deep":' + b"[" * 200_000
                                      + b"]" * 200_000 + b"}"), (2,))
     put("run-bomb-zeros", _zeros_gz(300 << 20), (2,))
@@ -275,7 +275,7 @@ def test_bombs_stop_at_the_limit_with_a_line_that_says_so(results):
             assert "limit" in r["stderr"] or "damaged" in r["stderr"] or "readable" in r["stderr"], (
                 case_id, r["stderr"])
     limit = results["run-bomb-thirty-million-events diagnose"][1]["stderr"]
-    assert "MEMDOCTOR_READ_LIMIT" in limit and "512.00 MiB" in limit
+    assert "MEMDOCTOR_READ_LIMIT" in limit and "1.00 GiB" in limit
 
 
 def test_logs_are_read_through_long_lines_and_colours(results):

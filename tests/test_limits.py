@@ -21,9 +21,9 @@ from tests.test_oomlog import NEW
 
 
 # ---- the limit -----------------------------------------------------------------------------
-def test_the_limit_is_2_gib_and_settable(monkeypatch):
+def test_the_limit_is_1_gib_and_settable(monkeypatch):
     monkeypatch.delenv("MEMDOCTOR_READ_LIMIT", raising=False)
-    assert read_limit() == DEFAULT_LIMIT == 2 * 2**30
+    assert read_limit() == DEFAULT_LIMIT == 2**30
     monkeypatch.setenv("MEMDOCTOR_READ_LIMIT", "4GiB")
     assert read_limit() == 4 * 2**30
     monkeypatch.setenv("MEMDOCTOR_READ_LIMIT", "lots")

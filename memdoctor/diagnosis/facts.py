@@ -57,6 +57,7 @@ class Facts:
     grads_in_forward: int = 0                     # gradients of earlier steps alive in forward/backward
     dataset: list[Block] = field(default_factory=list)   # made outside any forward, feeding the inputs
     dataset_batch_rows: int = 0                   # rows of the largest batch taken from it
+    dataset_batches: int = 0                      # the data made as that many batches up front (0: one tensor)
     logits: list[Block] = field(default_factory=list)
     vocab: int | None = None
     step_activations: int = 0
@@ -335,11 +336,40 @@ def _find_dataset(f: Facts, run: Run) -> None:
             found.append(b)
             rows = max(rows, taken)
     if not found:
+        found = _preloaded(f, run, setup)
+        if found:
+            kinds = len({(tuple(b.shape), b.dtype) for b in found})     # samples and labels: a batch each
+            f.dataset, f.dataset_batch_rows = found, max(b.shape[0] for b in found)
+            f.dataset_batches = max(len(found) // kinds, 1)
         return
     lengths = {b.shape[0] for b in found if b.shape[0] >= DATASET_ROWS}
     ids, steps = {b.id for b in found}, {b.step for b in found}
     found += [b for b in setup if b.id not in ids and b.shape[0] in lengths and b.step in steps]
     f.dataset, f.dataset_batch_rows = found, rows
+
+
+PRELOADED = 8           # tensors one line made before training: a dataset made as batches
+
+
+def _preloaded(f: Facts, run: Run, setup: list[Block]) -> list[Block]:
+    """Data made up front as many tensors by one line of the script (a list of batches moved
+    to the device, a dataset moved sample by sample): the blocks of the line that made the
+    most setup bytes, at least PRELOADED of them, when the OOM or peak came before any model
+    ran, or when the model's inputs were among them."""
+    by_line: dict[int, list[Block]] = {}
+    for b in setup:
+        if b.step == 0 and b.source >= 0:
+            by_line.setdefault(b.source, []).append(b)
+    if not by_line:
+        return []
+    blocks = max(by_line.values(), key=lambda group: sum(b.nbytes for b in group))
+    if len(blocks) < PRELOADED:
+        return []
+    focus = f.focus.seq if f.focus is not None else run.num_events
+    model_ran = any(isinstance(c, dict) and c.get("params") and type(c.get("seq_start")) is int
+                    and c["seq_start"] <= focus for c in run.meta.get("forward_calls", []))
+    fed = any(b.category == INP for b in blocks)
+    return blocks if not model_ran or fed else []
 
 
 LOGIT_ROWS = 256        # a shapeless block counts as logits from this many vocabulary rows

@@ -12,6 +12,9 @@ Preconditions
       `TensorDataset` collates each batch into a new B x rest tensor of the same dtype
       from a N x rest one, N at least 4 B); tensors of the same length made with it (the
       labels) count with it;
+    - or the data was made up front as batches: at least 8 tensors made by one line of the
+      script before the first step, and either the OOM came before any model ran or a
+      model's input was one of them;
     - together they take at least 30% of live memory.
 Why it runs out of memory
     `dataset.to("cuda")` puts every sample on the device for the whole run, while a step
@@ -50,9 +53,17 @@ def check(f: Facts) -> Finding | None:
                 f"{100 * held / live:.0f}% of {format_bytes(live)}",
                 f"largest: {'x'.join(map(str, biggest.shape))} {biggest.dtype} {format_bytes(biggest.nbytes)} "
                 f"made outside the model in step {biggest.step}"
-                + (f"; batches of {f.dataset_batch_rows} rows are taken from it" if f.dataset_batch_rows else "")]
+                + (f"; batches of {f.dataset_batch_rows} rows are taken from it"
+                   if f.dataset_batch_rows and not f.dataset_batches else "")]
+    if f.dataset_batches:
+        evidence.append(f"{f.dataset_batches} batches made up front by one line, "
+                        + ("before the model ever ran" if not any(b.category == "inputs" for b in f.dataset)
+                           else "each fed to the model in turn"))
     rows = biggest.shape[0] if biggest.shape else 0
-    batch = held * f.dataset_batch_rows // rows if rows and f.dataset_batch_rows else 0
+    if f.dataset_batches:
+        batch = held // f.dataset_batches
+    else:
+        batch = held * f.dataset_batch_rows // rows if rows and f.dataset_batch_rows else 0
     predicted = live - held + batch        # one batch at a time on the device
     remedies = [Remedy("keep the data on the host", "hold the dataset in pinned CPU memory and move each batch "
                        "with .to(device, non_blocking=True)", predicted)]
