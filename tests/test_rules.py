@@ -233,6 +233,14 @@ def test_micro_batches_summed_for_one_backward_are_activations_not_evaluation_or
     assert first["predicted_peak_bytes"] < live / 2
 
 
+def test_a_leak_into_an_objects_dict_names_the_method_that_stores_it(tmp_path):
+    _, out = diagnose_json(HERE / "scenarios" / "leak_into_tracker_dict.py", "--budget", "120MiB", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "leak"
+    assert first["source"]["text"].startswith("self.outputs[step] = out"), first["source"]
+    assert "tracker.outputs" in first["source"]["role"]
+
+
 def test_large_logits_named_without_shapes(tmp_path):
     """The CUDA allocator's history records no shapes for most blocks: with every shape but
     the weights' removed from a traced run, the logits are still found by their size over

@@ -11,6 +11,7 @@ import ast
 import linecache
 import logging
 import os
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,22 +70,63 @@ def _find_held(tb, frame) -> list[Held]:
             key = (code.co_filename, holder)
             if key in found:
                 continue
-            line = _adding_line(code, holder)
-            if line is None:            # made whole (a comprehension, a tuple): no line adds to it
+            where = _adding_line(code, holder)
+            if where is None and "." in holder and not holder.startswith("self."):
+                where = _method_adding_line(f.f_locals.get(holder.split(".", 1)[0]), holder.split(".", 1)[1])
+            if where is None:           # made whole (a comprehension, a tuple): no line adds to it
                 continue
-            found[key] = Held(os.path.abspath(code.co_filename), line, code.co_name, holder, storages)
+            if isinstance(where, int):
+                where = (os.path.abspath(code.co_filename), where, code.co_name)
+            found[key] = Held(*where, holder, storages)
     return list(found.values())
 
 
 def _namespace(frame) -> list[tuple[str, Any]]:
-    """(name, value) of a frame's containers, and of the containers on its `self`."""
+    """(name, value) of a frame's containers, of the containers on its `self`, and of those
+    on its other objects whose class the user wrote (a metrics tracker, a logger)."""
     names = dict(frame.f_locals)
     out = [(k, v) for k, v in names.items() if isinstance(v, _CONTAINERS) and not k.startswith("__")]
-    owner = names.get("self")
-    attrs = getattr(owner, "__dict__", None) if owner is not None else None
-    if isinstance(attrs, dict) and not isinstance(owner, torch.nn.Module):
-        out += [(f"self.{k}", v) for k, v in attrs.items() if isinstance(v, _CONTAINERS)]
+    for name, owner in names.items():
+        if name.startswith("__") or isinstance(owner, (torch.nn.Module, torch.Tensor, type)) \
+                or (name != "self" and not _users_class(owner)):
+            continue
+        attrs = getattr(owner, "__dict__", None)
+        if isinstance(attrs, dict):
+            out += [(f"{name}.{k}", v) for k, v in attrs.items() if isinstance(v, _CONTAINERS)]
     return out
+
+
+def _class_file(obj) -> str | None:
+    """The file `obj`'s class is defined in, from its methods' code (a class of the script
+    itself lives in a `__main__` that runpy has put back by the time the trace ends)."""
+    for value in vars(type(obj)).values():
+        code = getattr(value, "__code__", None)
+        if code is not None:
+            return code.co_filename
+    return getattr(sys.modules.get(type(obj).__module__), "__file__", None)
+
+
+def _users_class(obj) -> bool:
+    """Whether `obj` is an instance of a class defined in the user's code."""
+    filename = _class_file(obj)
+    return filename is not None and is_user_file(filename)
+
+
+def _method_adding_line(owner, attr: str) -> tuple[str, int, str] | None:
+    """For `tracker.outputs`, the line of a method of tracker's class that adds to
+    `self.outputs` (file, line, the method's name)."""
+    filename = _class_file(owner)
+    tree = _tree(filename) if filename else None
+    if tree is None:
+        return None
+    for cls in ast.walk(tree):
+        if isinstance(cls, ast.ClassDef) and cls.name == type(owner).__name__:
+            for method in cls.body:
+                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = [n.lineno for n in ast.walk(method) if _adds_to(n, f"self.{attr}")]
+                    if lines:
+                        return os.path.abspath(filename), min(lines), method.name
+    return None
 
 
 def _storages(container) -> list[tuple[int, int]]:

@@ -39,7 +39,7 @@ def source_of(finding, facts, run: Run) -> dict | None:
     if kept is not None:
         source, holder = kept
         what = "gradients, zeroed in place and not freed" if holder == "gradients zeroed in place" \
-            else f"tensors appended to `{holder}`"
+            else f"tensors added to `{holder}`"
         out = _entry(source, f"keeps them alive ({what})")
         if made is not None and made != source:
             out["made_at"] = _entry(made, "made them")
