@@ -6,7 +6,10 @@ one cuDNN call (aten/src/ATen/native/cudnn/RNN.cpp). Its fake kernel says nothin
 memory: it returns an empty reserve, and without the flat weight buffer (fake parameters
 all share data pointer 0, so nn.RNNBase never flattens them) it fails with "Expected a
 proper Tensor but got None for argument #3 'weight_buf'". So while the fake step runs,
-`cudnn_rnns()` puts in its place one autograd function that allocates as the kernel does:
+`cudnn_rnns()` puts in its place one autograd function that allocates as the kernel does,
+and gathers each RNN's weights into one buffer when they are made, as nn.RNNBase does on a
+GPU (the separate storages freed; with it the H200's own requests replay to its reserved
+peak, tests/test_data_dependent.py):
 
 - forward: a seq-major contiguous copy of a batch-first input (freed at return); the output,
   h_n (and c_n); cuDNN's workspace (freed at return) and its reserve space, which the
@@ -32,6 +35,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 __all__ = ["cudnn_rnns", "RnnShape", "RnnSizes", "bound", "measure", "NOTE_BOUND"]
 
@@ -255,6 +259,34 @@ class _FusedRNN(torch.autograd.Function):
         return (None, dx, dhx, dcx, *grads)
 
 
+def _flatten_as_cudnn(module, device_type: str) -> bool:
+    """On a GPU, nn.RNNBase gathers its weights into one buffer as soon as they are there (at
+    construction, after .to()): torch._cudnn_rnn_flatten_weight allocates the buffer, every
+    weight becomes a view of it and their own storages are freed. On fake tensors (data
+    pointer 0 for all) nn.RNNBase never does, and on the CPU standing in for CUDA neither:
+    done here for those, with the same allocation and frees. Whether it was done."""
+    weights = module._flat_weights
+    if not weights or not all(isinstance(w, torch.Tensor) for w in weights):
+        return False
+    first = weights[0]
+    if not (is_fake(first) or (device_type == "cpu" and first.device.type == "cpu")):
+        return False
+    if any(w.dtype != first.dtype or w.device != first.device for w in weights):
+        return False
+    if len({w.untyped_storage()._cdata for w in weights}) == 1:
+        return True                 # one buffer already
+    with torch.no_grad():
+        flat = torch.empty(sum(w.numel() for w in weights), dtype=first.dtype, device=first.device)
+        offset = 0
+        for w in weights:
+            n = w.numel()
+            view = flat[offset:offset + n].view_as(w)
+            view.copy_(w)
+            w.data = view
+            offset += n
+    return True
+
+
 def _layout(args, kinds: str):
     """(input, hx, cx, weights, has_biases, layers, dropout, train, bidirectional, batch_first)
     of a `_VF.<kind>` call without batch_sizes, or None for a packed one."""
@@ -308,9 +340,16 @@ def cudnn_rnns(probe: bool = False, notes: list[str] | None = None, device_type:
 
     for name in _MODES:
         setattr(vf, name, make(name))
+    flatten = torch.nn.RNNBase.flatten_parameters
+
+    def flatten_parameters(module) -> None:
+        if not _flatten_as_cudnn(module, device_type):
+            flatten(module)
+    torch.nn.RNNBase.flatten_parameters = flatten_parameters
     try:
         yield sizes
     finally:
+        torch.nn.RNNBase.flatten_parameters = flatten
         for name, fn in originals.items():
             if own[name]:
                 setattr(vf, name, fn)
