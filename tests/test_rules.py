@@ -241,6 +241,17 @@ def test_a_leak_into_an_objects_dict_names_the_method_that_stores_it(tmp_path):
     assert "tracker.outputs" in first["source"]["role"]
 
 
+def test_model_copies_never_called_are_weights_not_data(tmp_path):
+    _, out = diagnose_json(HERE / "scenarios" / "ema_copies_idle.py", "--budget", "400MiB", cwd=tmp_path)
+    rules = [f["rule"] for f in out["findings"]]
+    assert rules[0] == "model-states" and "data-on-device" not in rules, rules
+    first = out["findings"][0]
+    assert any("never called" in e for e in first["evidence"])
+    idle = next(r for r in first["remedies"] if r["title"] == "keep the idle copies on the host")
+    copies = 3 * 6 * (2048 * 2048 + 2048) * 4               # three copies of six 2048 x 2048 layers
+    assert idle["predicted_peak_bytes"] <= first["accounts_for_bytes"] - copies + 32 * 2**20   # + activations
+
+
 def test_large_logits_named_without_shapes(tmp_path):
     """The CUDA allocator's history records no shapes for most blocks: with every shape but
     the weights' removed from a traced run, the logits are still found by their size over

@@ -203,6 +203,28 @@ class OwnershipHooks:
                 self.adopt_optimizer(obj)
 
     @guarded
+    def claim_idle_modules(self) -> None:
+        """Modules never called while tracing (EMA copies, a teacher kept for later) still
+        hold their parameters and buffers: found once at the end, where a model was traced,
+        and claimed as weights under their class and attribute names."""
+        if not self.roots:
+            return
+        import gc
+        module_type = torch.nn.Module
+        live = self.rec.live if self.rec.claims is None else None   # the dispatch source's storages
+        for obj in gc.get_objects():     # type(), not isinstance(): touches no lazy attributes
+            if not issubclass(type(obj), module_type) or id(obj) in self.module_names:
+                continue
+            for kind in ("_parameters", "_buffers"):
+                tensors = obj.__dict__.get(kind)
+                for name, t in (tensors.items() if isinstance(tensors, dict) else ()):
+                    if not isinstance(t, torch.Tensor) or id(t) in self.param_names:
+                        continue
+                    if live is not None and _storage_key(t) not in live:
+                        continue        # made before the trace or elsewhere: not this run's memory
+                    self.rec.claim(t, Category.WEIGHTS.value, f"{type(obj).__name__}.{name} (not called)")
+
+    @guarded
     def claim_all_state(self) -> None:
         """Claim what optimizers hold now: a step cut short by an OOM never reaches the
         post-step hook, but the state it created is already in `optimizer.state`."""
@@ -482,6 +504,13 @@ def _tensors(obj) -> list:
         else:
             return found
     return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except Exception:
+        return None
 
 
 def _unpack(tensor):

@@ -136,6 +136,7 @@ class Tracer:
     def _build(self, exc, tb, caller) -> None:
         rec = self.recorder
         self.hooks.find_unstepped_optimizers()
+        self.hooks.claim_idle_modules()
         self.hooks.claim_all_state()
         oom_message = str(exc).strip() if isinstance(exc, torch.OutOfMemoryError) else None
         if oom_message and rec.run.device.get("type") == "cuda":

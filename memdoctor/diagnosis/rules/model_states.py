@@ -51,6 +51,7 @@ def check(f: Facts) -> Finding | None:
     ]
     if f.oom:
         evidence.append(f"ran out in {f.oom_phase} of step {f.oom_step} asking for {format_bytes(f.requested_bytes)}")
+    idle = sum(b.nbytes for b in f.focus_blocks if b.category == "weights" and b.name.endswith("(not called)"))
     base = other + weights
     remedies = []
     if state:
@@ -66,6 +67,13 @@ def check(f: Facts) -> Finding | None:
                            base + (grads + state) // 2, "zero=2"))
     remedies.append(Remedy("ZeRO-3 over 2 ranks", "Plan(zero=3): parameters sharded as well, gathered per layer",
                            other + (weights + grads + state) // 2, "zero=3"))
+    if idle >= 0.1 * weights:
+        # copies of the model that never run here (EMA, a teacher): they can wait on the host
+        evidence.append(f"{format_bytes(idle)} of the weights are in modules never called while tracing "
+                        f"(EMA copies, a model kept for later)")
+        remedies.append(Remedy("keep the idle copies on the host", "move the modules that only get updated "
+                               "(EMA) or run later to the CPU, and back when they are used",
+                               base - idle + grads + state, None))
     best = min(r.predicted_peak_bytes for r in remedies)
     return Finding(ID, f"model states take {format_bytes(states)} of the {format_bytes(f.limit_bytes)} limit",
                    states, evidence, remedies, STRUCTURAL, fits(f, best),
