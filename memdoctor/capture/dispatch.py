@@ -94,13 +94,8 @@ class DispatchSource(TorchDispatchMode):
             # one op's output, a plain tensor, is by far the most common: recorded here inline
             known = self._plain.get(id(func))
             if known is not None and known[0] is func and type(out) is Tensor:
-                rec = self.recorder
-                if _in_backward() != -1:
-                    if rec.phase != _BACKWARD:
-                        rec.mark(_BACKWARD)
-                elif rec.phase == _BACKWARD:
-                    rec.mark(rec.outer_phase())
-                block = rec.add_output(out, known[1])
+                self._follow_backward()
+                block = self.recorder.add_output(out, known[1])
                 if block is not None:       # a new storage: the user's line (here(2): above this method)
                     block.source = self._frames.here(2)
             else:
@@ -113,6 +108,15 @@ class DispatchSource(TorchDispatchMode):
             log.warning("memdoctor: dispatch tracing stopped after an internal error: %s", exc)
         return out
 
+    def _follow_backward(self) -> None:
+        """Mark where autograd's engine starts and stops running ops."""
+        rec = self.recorder
+        if _in_backward() != -1:
+            if rec.phase != _BACKWARD:
+                rec.mark(_BACKWARD)
+        elif rec.phase == _BACKWARD:
+            rec.mark(rec.outer_phase())
+
     def _record(self, func, out, args) -> None:
         rec = self.recorder
         name = self._names.get(func)
@@ -122,11 +126,7 @@ class DispatchSource(TorchDispatchMode):
                 self._plain[id(func)] = (func, name)
         if name in _ZEROING:
             self._note_zeroed(args)
-        if _in_backward() != -1:
-            if rec.phase != _BACKWARD:
-                rec.mark(_BACKWARD)
-        elif rec.phase == _BACKWARD:
-            rec.mark(rec.outer_phase())
+        self._follow_backward()
         # a block whose ALLOC comes at or after `seq` is new: it gets the user's line (the
         # stack walk starts above this method and __torch_dispatch__: here(3))
         seq = len(rec.run.actions)

@@ -104,38 +104,34 @@ class Recorder:
                 storage = tensor.untyped_storage()
             except Exception:
                 return None
+        return self._count(storage, tensor, name, category, phase, before)[0]
+
+    def add_output(self, tensor: torch.Tensor, name: str) -> Block | None:
+        """An op's output of type Tensor itself, counted as a temporary: its Block if the
+        storage is new, None if it is counted already (a view, an in-place op) or has none.
+        The path of nearly every op, without `add`'s checks for subclasses."""
+        try:
+            storage = tensor.untyped_storage()
+        except Exception:
+            return None
+        block, new = self._count(storage, tensor, name, _TEMP, None, False)
+        return block if new else None
+
+    def _count(self, storage, tensor, name: str, category: str, phase: str | None,
+               before: bool) -> tuple[Block, bool]:
+        """The Block of `storage` (its category made the stronger of the two if counted
+        already) and whether it is new; `before`: never checked against the budget."""
         key = storage._cdata
         entry = self.live.get(key)
         if entry is not None:
             block = entry.block
             if block.category != category:
                 block.category = stronger(category, block.category)
-            return block
+            return block, False
         nbytes = storage.nbytes()
         if self.budget is not None and not before:
             self.budget(nbytes, self.live_bytes)
-        return self._alloc(storage, key, nbytes, tensor, name, category, phase)
-
-    def add_output(self, tensor: torch.Tensor, name: str) -> Block | None:
-        """An op's output of type Tensor itself, counted as a temporary: its Block if the
-        storage is new, None if it is counted already (a view, an in-place op) or has none.
-        The path of nearly every op, without `add`'s checks for subclasses: a storage
-        already counted costs one dict lookup."""
-        try:
-            storage = tensor.untyped_storage()
-        except Exception:
-            return None
-        key = storage._cdata
-        entry = self.live.get(key)
-        if entry is not None:
-            block = entry.block
-            if block.category != _TEMP:
-                block.category = stronger(_TEMP, block.category)
-            return None
-        nbytes = storage.nbytes()
-        if self.budget is not None:
-            self.budget(nbytes, self.live_bytes)
-        return self._alloc(storage, key, nbytes, tensor, name, _TEMP, None)
+        return self._alloc(storage, key, nbytes, tensor, name, category, phase), True
 
     def _add_inner(self, tensor, name: str, category: str, phase: str | None,
                    before: bool = False) -> Block | None:

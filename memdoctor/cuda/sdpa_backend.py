@@ -10,8 +10,8 @@ can be most of the activation memory. The dispatcher tries the backends in prior
 takes the first whose every constraint holds:
 
 - cuDNN: fp16/bf16; a mask of 2 or 4 dimensions broadcastable to (batch, heads, queries,
-  keys), not requiring grad; head dims multiples of 8 up to 256 (cuDNN 9.19 on an H200:
-  128 before); any dropout; key/value heads that divide the query heads only with
+  keys), not requiring grad; head dims multiples of 8 up to 256 (cuDNN 9.19, measured on
+  an H200); any dropout; key/value heads that divide the query heads only with
   enable_gqa (without it the dispatcher falls back to math, measured on the H200); keys
   longer than one;
 - flash: fp16/bf16; no mask; equal head dims up to 256; causal only with as many queries as

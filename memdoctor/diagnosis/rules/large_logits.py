@@ -32,11 +32,13 @@ from __future__ import annotations
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import SPECIFIC_PART, Finding, Remedy, fits, plural
 from memdoctor.diagnosis.facts import LOGIT_ROWS, Facts
+from memdoctor.run import Phase
+
+NOB = Phase.FORWARD_NO_BACKWARD.value
 
 ID = "large-logits"
 SHARE = 0.3
 CHUNKS = 8
-NOB = "forward-without-backward"
 
 
 def check(f: Facts) -> Finding | None:
