@@ -8,6 +8,11 @@ drift hits every mode alike:
 - cnn: a ResNet-18 (torchvision's when it imports, else an equivalent written here), bf16
   autocast, batch 64 at 128 px, SGD with momentum: a step under 20 ms.
 
+Each run also reports the CPU's side: ms until the iteration's work is queued, before the
+`.item()` waits for the GPU; while that stays under the GPU's time, hooks cost nothing.
+`--modes full-nopack full-nostacks full-nometa full-roothooks` time full mode with one of
+its parts taken out (saved-tensor hooks, Python stacks, metadata tags, per-module hooks).
+
 Run: python benchmarks/trace_overhead_real.py [--rounds 3] [--out DIR]
 Writes trace_overhead_real_<hardware>_<date>.json under DIR (default benchmarks/results).
 """
@@ -26,6 +31,29 @@ import resultfile  # noqa: E402
 
 MODES = ("plain", "history", "full", "light", "dispatch")
 WORKLOADS = ("nanogpt", "cnn")
+# full mode with one part taken out, to see what each part costs (not modes a user has)
+ABLATIONS = ("full-nopack", "full-nostacks", "full-nometa", "full-roothooks")
+
+
+def _ablate(mode: str) -> None:
+    """Take one part out of full mode, in this worker process only."""
+    import torch
+    from memdoctor.capture import allocator, hooks
+    if mode == "full-nopack":           # no saved-tensor hooks
+        hooks.hooks_disabled = lambda: True
+    elif mode == "full-nostacks":       # the allocator's history without Python stacks
+        allocator.AllocatorSource._record_stacks = lambda self: torch.cuda.memory._record_memory_history(
+            max_entries=allocator.MAX_ENTRIES, context=None)
+    elif mode == "full-nometa":         # no per-mark metadata tags
+        start = allocator.AllocatorSource.start
+
+        def start_untagged(self):
+            self._metadata = False
+            start(self)
+        allocator.AllocatorSource.start = start_untagged
+    elif mode == "full-roothooks":      # hooks on the model's outermost call only, as light mode
+        init = hooks.OwnershipHooks.__init__
+        hooks.OwnershipHooks.__init__ = lambda self, rec, light=False: init(self, rec, light=True)
 
 
 def _gpt(torch, nn, F):
@@ -141,9 +169,12 @@ def worker(workload: str, mode: str, iters: int) -> dict:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            launched.append(time.perf_counter() - t0)     # the CPU's side: ops queued, no wait yet
             loss.item()                       # nanoGPT reads the loss every iteration
             times.append(time.perf_counter() - t0)
         return times
+
+    launched: list[float] = []
 
     post = None
     if mode == "plain":
@@ -154,6 +185,8 @@ def worker(workload: str, mode: str, iters: int) -> dict:
         torch.cuda.memory._record_memory_history(enabled=None)
     else:
         import memdoctor
+        if mode in ABLATIONS:
+            _ablate(mode)
         kwargs = {"dispatch": {"source": "dispatch"}, "light": {"mode": "light"}}.get(mode, {})
         try:
             doc = memdoctor.watch(model, opt, **kwargs)
@@ -164,7 +197,8 @@ def worker(workload: str, mode: str, iters: int) -> dict:
             t_exit = time.perf_counter()
         post = time.perf_counter() - t_exit
     kept = times[5:]
-    return {"ms": 1000 * statistics.median(kept), "post_s": post,
+    return {"ms": 1000 * statistics.median(kept), "cpu_ms": 1000 * statistics.median(launched[5:]),
+            "post_s": post,
             "peak_allocated": torch.cuda.max_memory_allocated()}
 
 
@@ -172,7 +206,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=40)
-    ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES + ABLATIONS)
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     ap.add_argument("--out", help="folder for the result file (default benchmarks/results)")
     ap.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "MODE"), help=argparse.SUPPRESS)
@@ -203,15 +237,17 @@ def main() -> int:
             if not ms or not base:
                 summary[w][m] = {"error": next((x.get("error") for x in runs if "error" in x), "no runs")}
                 continue
+            cpu = [x["cpu_ms"] for x in runs if "cpu_ms" in x]
             summary[w][m] = {"ms_median": round(statistics.median(ms), 3), "ms_runs": [round(v, 3) for v in ms],
+                             "cpu_ms_median": round(statistics.median(cpu), 3) if cpu else None,
                              "ratio_to_plain": round(statistics.median(ms) / base, 4)}
-    print("\nworkload  mode       ms/iter  x plain")
+    print("\nworkload  mode            ms/iter  x plain  CPU ms/iter (queued before .item())")
     for w, by_mode in summary.items():
         for m, s in by_mode.items():
             if "error" in s:
                 print(f"{w:9s} {m:9s}  {s['error']}")
             else:
-                print(f"{w:9s} {m:9s}  {s['ms_median']:7.2f}  {s['ratio_to_plain']:.3f}")
+                print(f"{w:9s} {m:14s}  {s['ms_median']:7.2f}  {s['ratio_to_plain']:.3f}    {s['cpu_ms_median']:7.2f}")
     data = {"bench": "trace_overhead_real",
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "summary": summary, "runs": results}
