@@ -10,8 +10,9 @@ drift hits every mode alike:
 
 Each run also reports the CPU's side: ms until the iteration's work is queued, before the
 `.item()` waits for the GPU; while that stays under the GPU's time, hooks cost nothing.
-`--modes full-nopack full-nostacks full-nometa full-roothooks` time full mode with one of
-its parts taken out (saved-tensor hooks, Python stacks, metadata tags, per-module hooks).
+`--modes full-allstacks full-savedhooks full-nometa full-roothooks` time full mode with one
+part changed: Python stacks at every step, saved-tensor hooks on, no metadata tags, hooks on
+the outermost call only.
 
 Run: python benchmarks/trace_overhead_real.py [--rounds 3] [--out DIR]
 Writes trace_overhead_real_<hardware>_<date>.json under DIR (default benchmarks/results).
@@ -31,19 +32,19 @@ import resultfile  # noqa: E402
 
 MODES = ("plain", "history", "full", "light", "dispatch")
 WORKLOADS = ("nanogpt", "cnn")
-# full mode with one part taken out, to see what each part costs (not modes a user has)
-ABLATIONS = ("full-nopack", "full-nostacks", "full-nometa", "full-roothooks")
+# full mode with one part changed, to see what each part costs (not modes a user has)
+ABLATIONS = ("full-allstacks", "full-savedhooks", "full-nometa", "full-roothooks")
 
 
 def _ablate(mode: str) -> None:
-    """Take one part out of full mode, in this worker process only."""
-    import torch
+    """Change one part of full mode, in this worker process only."""
     from memdoctor.capture import allocator, hooks
-    if mode == "full-nopack":           # no saved-tensor hooks
-        hooks.hooks_disabled = lambda: True
-    elif mode == "full-nostacks":       # the allocator's history without Python stacks
-        allocator.AllocatorSource._record_stacks = lambda self: torch.cuda.memory._record_memory_history(
-            max_entries=allocator.MAX_ENTRIES, context=None)
+    if mode == "full-allstacks":        # Python stacks at every step, never paused
+        allocator.STACKED_STEPS = 1 << 30
+    elif mode == "full-savedhooks":     # saved-tensor hooks as the dispatch source has them
+        init = hooks.OwnershipHooks.__init__
+        hooks.OwnershipHooks.__init__ = lambda self, rec, light=False, saved_tensors=True: init(
+            self, rec, light, saved_tensors=True)
     elif mode == "full-nometa":         # no per-mark metadata tags
         start = allocator.AllocatorSource.start
 
@@ -53,7 +54,8 @@ def _ablate(mode: str) -> None:
         allocator.AllocatorSource.start = start_untagged
     elif mode == "full-roothooks":      # hooks on the model's outermost call only, as light mode
         init = hooks.OwnershipHooks.__init__
-        hooks.OwnershipHooks.__init__ = lambda self, rec, light=False: init(self, rec, light=True)
+        hooks.OwnershipHooks.__init__ = lambda self, rec, light=False, saved_tensors=True: init(
+            self, rec, True, saved_tensors)
 
 
 def _gpt(torch, nn, F):

@@ -16,7 +16,7 @@ import threading
 import torch
 
 from memdoctor.limits import Allowance
-from memdoctor.run import Category, Mark, Phase, Run, Sample
+from memdoctor.run import Block, Category, Mark, Phase, Run, Sample
 from memdoctor.units import MAX_SIZE
 from memdoctor.capture.budget import cap_cuda
 from memdoctor.capture.frames import SourceTable, user_line_of_thread
@@ -29,18 +29,24 @@ MAX_ENTRIES = 2_000_000
 _PREFIX = "memdoctor:"
 
 
+STACKED_STEPS = 2     # full mode: steps recorded with Python stacks before they pause
+
+
 class AllocatorSource:
-    """`light=True` records the allocator's events without Python stacks (the cheapest
-    history PyTorch keeps) until the allocated peak first passes `deepen_at` bytes (90% of
-    the budget, else of the device); from then on stacks are recorded too, so the steps
-    that come near an OOM carry the user's lines."""
+    """Python stacks are what the history costs most (a few microseconds per allocation,
+    on the training thread). Full mode records them for the first STACKED_STEPS steps,
+    then pauses them while the run stays below `deepen_at` bytes (90% of the budget, else
+    of the device): a repeating step makes its blocks where the stacked steps did, and they
+    take those lines (`_lines_from_earlier_steps`). `light=True` records none until that
+    threshold. Once the allocated peak passes it, stacks stay on, so the steps that come
+    near an OOM carry the user's lines in either mode."""
 
     def __init__(self, recorder: Recorder, budget: int | None = None, device: int | None = None,
                  light: bool = False):
         self.rec = recorder
         self.budget = budget
         self.light = light
-        self.deepened = not light
+        self.deepened = False
         self.device = torch.cuda.current_device() if device is None else device
         self.samples: list[tuple[int, int, int]] = []      # (mark index, allocated, reserved)
         self._metadata = hasattr(torch._C, "_cuda_setMemoryMetadata")
@@ -54,37 +60,42 @@ class AllocatorSource:
         if self.budget is not None:
             cap_cuda(self.budget, self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        if self.light:
-            limit = self.budget or torch.cuda.get_device_properties(self.device).total_memory
-            self.deepen_at = int(0.9 * limit)
-            torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context=None)
-        else:
-            self._record_stacks()
+        limit = self.budget or torch.cuda.get_device_properties(self.device).total_memory
+        self.deepen_at = int(0.9 * limit)
+        self.steps_ended = 0
+        self._record(stacks=not self.light)
         self.rec.claims = []
         self.rec.on_mark = self._stamp
-        if self.light:
-            self.rec.deepen = self.deepen_if_near
+        self.rec.on_step_end = self.step_ended
         self._stamp(len(self.rec.run.marks) - 1)
 
-    def _record_stacks(self) -> None:
+    def _record(self, stacks: bool) -> None:
+        """Switch Python stacks on or off; the history recorded so far is kept."""
         # stacks at allocations only: gathering Python frames at frees broke
         # torch.utils.checkpoint's early stop (its exception was lost while tensors were freed)
-        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context="alloc", stacks="python")
+        if stacks:
+            torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context="alloc", stacks="python")
+        else:
+            torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context=None)
+        self.stacks = stacks
 
-    def deepen_if_near(self) -> None:
-        """Light mode, at a step's end: once the allocated peak passes `deepen_at`, record
-        stacks from now on (the history so far is kept)."""
+    def step_ended(self) -> None:
+        """At each step's end: stacks on for good once the allocated peak passes
+        `deepen_at`; in full mode, paused after the first STACKED_STEPS steps until then."""
+        self.steps_ended += 1
         if self.deepened:
             return
-        peak = _allocator_counts(self.device)[2]
-        if peak >= self.deepen_at:
+        if _allocator_counts(self.device)[2] >= self.deepen_at:
             self.deepened = True
-            self._record_stacks()
+            if not self.stacks:
+                self._record(stacks=True)
+        elif self.stacks and self.steps_ended >= STACKED_STEPS:
+            self._record(stacks=False)
 
     def abandon(self) -> None:
         """Undo start(): no more history, no tags, the memory fraction as it was. Safe to
         call again, and after a start() that failed part-way."""
-        self.rec.on_mark = self.rec.deepen = None
+        self.rec.on_mark = self.rec.on_step_end = None
         if self._metadata:
             torch._C._cuda_setMemoryMetadata("")
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -122,10 +133,10 @@ class AllocatorSource:
         mark_of_block = _mark_per_block(run)
         run.marks = _place_marks(run, marks, mark_of_block, self.samples)
         _label_blocks(run, marks, mark_of_block)
+        _lines_from_earlier_steps(run, mark_of_block)
         _lines_from_marks(run, mark_of_block, self.mark_lines)
         _join_owners(run, rec.claims or [], run.marks)
-        if self.light:
-            _outliving_forward_are_activations(run)
+        _outliving_forward_are_activations(run)
         by_index = {i: m.seq for i, m in enumerate(run.marks)}
         phase_samples = [Sample(by_index.get(i, 0) - 1, a, r) for i, a, r in self.samples]
         run.meta["phase_samples"] = [s.__dict__ for s in phase_samples]
@@ -278,6 +289,28 @@ def _lines_from_marks(run: Run, mark_of_block, mark_lines: dict) -> None:
             b.source = table.index(*mark_lines[index])
 
 
+def _lines_from_earlier_steps(run: Run, mark_of_block) -> None:
+    """A block allocated while stacks were paused takes the name and line of the block made
+    at the same place in a step recorded with them: the same phase and module, the same turn
+    among its mark's allocations, the same size. A step that repeats makes its blocks in the
+    same order, so this is the line its own stack would have named."""
+    made_at: dict[tuple, tuple[str, int]] = {}
+    unnamed: list[tuple[Block, tuple]] = []
+    turns: dict[tuple[int, str | None], int] = {}
+    for block_id, (index, module) in sorted(mark_of_block.items(), key=lambda kv: run.blocks[kv[0]].alloc_seq):
+        b = run.blocks[block_id]
+        turn = turns[index, module] = turns.get((index, module), -1) + 1
+        key = (b.phase, b.module, turn, b.nbytes)
+        if b.name or b.source >= 0:
+            made_at.setdefault(key, (b.name, b.source))
+        else:
+            unnamed.append((b, key))
+    for b, key in unnamed:
+        found = made_at.get(key)
+        if found is not None:
+            b.name, b.source = found
+
+
 def _label_blocks(run: Run, marks: list[Mark], mark_of_block) -> None:
     temps = Category.TEMPORARIES.value
     for block_id, (index, module) in mark_of_block.items():
@@ -291,9 +324,11 @@ def _label_blocks(run: Run, marks: list[Mark], mark_of_block) -> None:
 
 
 def _outliving_forward_are_activations(run: Run) -> None:
-    """Light mode keeps no saved-tensor hooks: a block made in a forward pass that is still
-    alive when that pass ends is what backward needs (saved tensors, outputs), so it counts
-    as activations; one freed inside the pass stays a temporary."""
+    """The allocator source keeps no saved-tensor hooks (a Python call for every tensor
+    autograd saves, and another to unpack it, cost a fast loop more than the rest of the
+    attribution): a block made in a forward pass that is still alive when that pass ends is
+    what backward needs (saved tensors, outputs), so it counts as activations; one freed
+    inside the pass stays a temporary."""
     marks = run.marks
     if not marks:
         return

@@ -62,11 +62,14 @@ class OwnershipHooks:
     """`light`: no global module hooks, no saved-tensor or per-parameter hooks; the models'
     outermost calls are hooked on the models themselves (found by a global pre-hook that is
     removed as soon as one is adopted), so every inner module call stays on PyTorch's fast
-    path. Owners are then joined by address from the models and optimizers alone."""
+    path. Owners are then joined by address from the models and optimizers alone.
+    `saved_tensors=False`: no saved-tensor hooks (the allocator source tells what backward
+    keeps from the blocks' lifetimes instead)."""
 
-    def __init__(self, recorder: Recorder, light: bool = False):
+    def __init__(self, recorder: Recorder, light: bool = False, saved_tensors: bool = True):
         self.rec = recorder
         self.light = light
+        self.saved_tensors = saved_tensors and not light
         self._discovery = None
         self._state_sizes: dict[int, int] = {}
         self.broken = False
@@ -104,6 +107,8 @@ class OwnershipHooks:
             return
         self.handles.append(mm.register_module_forward_pre_hook(self._forward_pre))
         self.handles.append(mm.register_module_forward_hook(self._forward_post, always_call=True))
+        if not self.saved_tensors:
+            return
         if hooks_disabled():
             log.warning("memdoctor: saved-tensor hooks are switched off here; tensors saved for "
                         "backward count as temporaries")
@@ -385,6 +390,8 @@ class OwnershipHooks:
             self.backward_ends.append(len(rec.run.marks) - 1)
             if rec.claims is not None and not self.optimizers:    # a hand-written update: no step hook claims the grads
                 self._claim_model_grads()
+                if rec.on_step_end is not None:
+                    rec.on_step_end()
         except Exception as exc:
             log.warning("memdoctor: backward end mark failed: %r", exc)
 
@@ -421,8 +428,8 @@ class OwnershipHooks:
     @guarded
     def _step_post(self, optimizer, args, kwargs):
         self._claim_state(optimizer, only_if_grown=self.rec.claims is not None)
-        if self.rec.deepen is not None:
-            self.rec.deepen()
+        if self.rec.on_step_end is not None:
+            self.rec.on_step_end()
         self.rec.in_optimizer = False
         self.rec.step += 1
         self.rec.mark(self.rec.outer_phase())

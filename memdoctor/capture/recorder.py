@@ -54,7 +54,7 @@ class Recorder:
         # allocator source: owners noted by address per mark instead of counted here
         self.claims: list | None = None
         self.on_mark: Callable[..., None] | None = None
-        self.deepen: Callable[[], None] | None = None   # light mode: called at each step's end
+        self.on_step_end: Callable[[], None] | None = None   # the allocator source's, at each step's end
         self._t0 = time.perf_counter()
         self._next_id = 0
         self._dtype_names: dict[Any, str] = {}

@@ -71,7 +71,7 @@ class Tracer:
         if ranked is not None:
             run.meta["rank"], run.meta["world_size"] = ranked
         self.recorder = rec = Recorder(run)
-        self.hooks = OwnershipHooks(rec, light=self.light)
+        self.hooks = OwnershipHooks(rec, light=self.light, saved_tensors=self.source != "allocator")
         self._undo.append(self.hooks.remove)        # removes what install() got to
         self.hooks.install()
         if self.source == "allocator":

@@ -115,3 +115,33 @@ def test_checkpoint_early_stop_runs_under_the_allocator_source():
         got_loss, got_grad = step()
     assert got_loss == pytest.approx(want_loss) and torch.allclose(got_grad, want_grad)
     assert tracer.run.num_events > 0
+
+
+def test_steps_traced_with_stacks_paused_keep_their_lines_and_activations():
+    """Full mode pauses Python stacks after the first steps (a few microseconds an
+    allocation, on a fast loop the largest cost of the history): a later step's blocks
+    still name the user's line, the one the stacked step named, and what backward keeps
+    still counts as activations."""
+    from memdoctor.capture import allocator
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(256, 1024, device="cuda")
+    steps = allocator.STACKED_STEPS + 3
+    with Tracer(models=[model], optimizers=[opt], source="allocator") as tracer:
+        for _ in range(steps):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    run = tracer.run
+
+    def forward_blocks(step):
+        return [b for b in sorted(run.blocks.values(), key=lambda b: b.alloc_seq)
+                if b.step == step and b.phase == "forward"]
+    stacked, paused = forward_blocks(allocator.STACKED_STEPS - 1), forward_blocks(steps - 1)
+    assert [b.nbytes for b in stacked] == [b.nbytes for b in paused] and paused
+    assert [b.source for b in stacked] == [b.source for b in paused]
+    assert all(b.source >= 0 and run.sources[b.source][0].endswith("test_allocator_gpu.py") for b in paused)
+    kept = [b.category for b in paused if b.nbytes == 256 * 4096 * 4]     # GELU's input and output
+    assert kept.count("activations") == 2, kept
