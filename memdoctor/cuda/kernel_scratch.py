@@ -19,6 +19,7 @@ match, byte for byte, the allocator's traces of training steps recorded on an H2
   H200 for four q/k/v layouts (tests/test_kernel_scratch.py);
 - cuDNN attention: 256 bytes in forward; in backward an fp32 grad_q accumulator plus one
   fp32 value per query, and 256 bytes, per batch and head;
+- the math attention's softmax (`_safe_softmax`): its masks of -inf scores and rows;
 - embedding backward (more than 3072 indices): the sort, segment and per-segment gradient
   buffers, sized for the worst case as the kernel sizes them (cub's temporaries
   approximately).
@@ -168,6 +169,21 @@ def _embedding_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
             Scratch(partial * grad.size(-1) * acc, label + "gradient rows per partial segment", outlives=0)]
 
 
+def _safe_softmax(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    """The math attention's softmax (`_safe_softmax`, rows all -inf give 0): after its
+    output, a bool per score (`self == -inf`), a bool per row (all of them), and the 0 to
+    write where a whole row is masked, freed last first. Seen on the H200 for fp32
+    batch 4 x 16 heads x 1024 x 1024: 64 MiB, 64 KiB and 4 bytes after the 256 MiB output."""
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+    dtype = (args[2] if len(args) > 2 else kwargs.get("dtype")) or x.dtype
+    n = x.numel()
+    rows = n // max(x.size(dim), 1) if x.dim() else 1
+    label = "safe softmax: "
+    return [Scratch(n, label + "scores equal to -inf"), Scratch(rows, label + "rows all -inf"),
+            Scratch(torch.empty((), dtype=dtype, device="meta").element_size(), label + "zero")]
+
+
 def _rules() -> dict:
     rules = {}
     # sum vectorizes 16-bit inputs by 8 (its default), mean by 4 (Reduce.cuh's MeanOps)
@@ -179,7 +195,8 @@ def _rules() -> dict:
     for name, rule in (("_scaled_dot_product_efficient_attention_backward", _efficient_attention_backward),
                        ("_scaled_dot_product_cudnn_attention_backward", _cudnn_attention_backward),
                        ("_scaled_dot_product_cudnn_attention", _cudnn_attention_forward),
-                       ("embedding_dense_backward", _embedding_backward)):
+                       ("embedding_dense_backward", _embedding_backward),
+                       ("_safe_softmax", _safe_softmax)):
         packet = getattr(aten, name, None)
         if packet is not None:
             rules[packet.default] = rule

@@ -6,7 +6,8 @@ fake tensors.
   head layout, grouped-query heads and sequence lengths (memdoctor.cuda.sdpa_backend: on an
   H100/H200 with torch 2.11, cuDNN attention for fp16/bf16, memory-efficient for fp32, the
   math fallback that keeps the softmax for fp32 grouped-query attention). The fake run calls
-  the chosen kernel's own op, whose outputs, saved tensors and scratch
+  the chosen kernel's own op (the math fallback's ops: memdoctor.predict.math_attention),
+  whose outputs, saved tensors and scratch
   (memdoctor.cuda.kernel_scratch) are CUDA's, with a boolean mask made additive as the
   dispatcher makes it.
 - cross_entropy under autocast: CPU autocast runs log_softmax in fp32; CUDA autocast runs it
@@ -23,6 +24,8 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+
+from memdoctor.predict.math_attention import math_attention
 
 aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
@@ -106,8 +109,7 @@ def attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
                 mask = _aligned_mask(mask).expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
             return aten._scaled_dot_product_efficient_attention(query, key, value, mask, grad, dropout_p,
                                                                 is_causal, scale=scale)[0]
-        return aten._scaled_dot_product_attention_math(query, key, value, mask, dropout_p, is_causal, None,
-                                                       scale=scale, enable_gqa=enable_gqa)[0]
+        return math_attention(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def _boolean_mask_as_additive(mask, dtype, fill: float):

@@ -66,6 +66,7 @@ from memdoctor.attribution import breakdown_at, live_blocks
 from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, MiB
 from memdoctor.cuda.kernel_scratch import Gpu
 from memdoctor.predict import cpu_standin
+from memdoctor.predict.math_attention import cuda_math_attention
 from memdoctor.predict.data_dependent import DataDependent
 from memdoctor.predict.eager_libraries import eager
 from memdoctor.predict.fused_rnn import cudnn_rnns
@@ -266,7 +267,8 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
                       device_type="cpu" if target.cpu_for_cuda else "cuda") if target.device == "cuda" \
         else contextlib.nullcontext()
     redirect = cpu_standin.CpuForCuda() if target.cpu_for_cuda else contextlib.nullcontext()
-    cuda_kernels = cpu_standin.cuda_kernels() if target.cpu_for_cuda else contextlib.nullcontext()
+    cuda_kernels = cpu_standin.cuda_kernels() if target.cpu_for_cuda else \
+        cuda_math_attention() if target.device == "cuda" else contextlib.nullcontext()
     tracer = Tracer(source="dispatch")
     tables = FusedTables(lambda t, name: tracer.recorder.claim(t, Category.OPTIMIZER_STATE.value, name))
     forced_foreach = False

@@ -1,0 +1,92 @@
+"""CUDA's math attention, the dispatcher's fallback (fp32 grouped-query heads without
+`enable_gqa`, for instance), as the ops a GPU runs, for fake tensors.
+
+`aten._scaled_dot_product_attention_math` adds the mask to the scores in place on plain
+tensors and out of place on tensor subclasses (attention.cpp asks
+`at::areAnyTensorSubclassLike`). Fake tensors are subclasses: on them it makes one more
+batch x heads x queries x keys tensor and frees the scores before the softmax, where a GPU
+keeps them through it. The same ops written here with the in-place add make the GPU's
+allocations in the GPU's order (the H200's trace of a Llama in fp32 with checkpointing,
+tests/fixtures/zoo_traces/llama_ckpt_b4.json.gz); `_safe_softmax`'s own temporaries come
+from memdoctor.cuda.kernel_scratch.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+
+aten = torch.ops.aten
+
+
+def math_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                   scale: float | None = None, enable_gqa: bool = False):
+    """attention.cpp's `_scaled_dot_product_attention_math` (torch 2.11), first output; a
+    boolean mask is made additive as the dispatcher makes it before calling it."""
+    negative = scale is not None and scale < 0
+    factor = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(query.size(-1)))
+    q = query * (-factor if negative else factor)
+    if is_causal:
+        attn_mask = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        zero = torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device)
+        minus_inf = torch.scalar_tensor(-math.inf, dtype=query.dtype, device=query.device)
+        attn_mask = torch.where(attn_mask, zero, minus_inf)
+        del zero, minus_inf
+    if enable_gqa and query.dim() >= 3 and key.size(-3) != query.size(-3):
+        repeat = query.size(-3) // key.size(-3)
+        key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+    attn = torch.matmul(q, key.transpose(-2, -1) * factor)
+    del q
+    if attn_mask is not None:
+        attn.add_(attn_mask)
+    attn = aten._safe_softmax(attn, -1)
+    if dropout_p > 0.0:
+        attn = torch.dropout(attn, dropout_p, True)
+    return torch.matmul(attn, value)
+
+
+def attention_on_cuda(original, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                      enable_gqa=False):
+    """On a torch with CUDA: F.scaled_dot_product_attention (`original`) on fake CUDA tensors,
+    run as above where the dispatcher picks the math fallback (memdoctor.cuda.sdpa_backend,
+    after autocast's cast, made once as a GPU makes it), else by `original`."""
+    from memdoctor.cuda.sdpa_backend import choose
+    tensors = (query, key, value)
+    plain = all(isinstance(t, torch.Tensor) and not t.is_nested and t.dim() == 4 and t.device.type == "cuda"
+                for t in tensors) and (attn_mask is None or isinstance(attn_mask, torch.Tensor))
+    if not plain:
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
+    if torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+        query, key, value, attn_mask = (t.to(dtype) if t is not None and t.is_floating_point() else t
+                                        for t in (query, key, value, attn_mask))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if choose(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, requires_grad=grad) != "math":
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
+    with torch.autocast("cuda", enabled=False):
+        return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+@contextlib.contextmanager
+def cuda_math_attention():
+    """F.scaled_dot_product_attention's math fallback as a GPU runs it, until the block ends
+    (a patched function, not a function mode, so that checkpoint's recompute sees it too)."""
+    original = F.scaled_dot_product_attention
+    if getattr(original, "math_way", False) or getattr(original, "cuda_way", False):
+        yield
+        return
+
+    def attention(*args, **kwargs):
+        return attention_on_cuda(original, *args, **kwargs)
+
+    attention.math_way = True
+    F.scaled_dot_product_attention = attention
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
