@@ -204,31 +204,8 @@ def worker(workload: str, mode: str, iters: int) -> dict:
             "peak_allocated": torch.cuda.max_memory_allocated()}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=40)
-    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES + ABLATIONS)
-    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
-    ap.add_argument("--out", help="folder for the result file (default benchmarks/results)")
-    ap.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "MODE"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(*args.worker, args.iters)))
-        return 0
-    import torch
-    results: dict = {w: {m: [] for m in args.modes} for w in args.workloads}
-    for r in range(args.rounds):
-        for w in args.workloads:
-            for m in args.modes:
-                out = subprocess.run([sys.executable, __file__, "--iters", str(args.iters), "--worker", w, m],
-                                     capture_output=True, text=True)
-                try:
-                    res = json.loads(out.stdout.strip().splitlines()[-1])
-                except (IndexError, ValueError):
-                    res = {"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
-                results[w][m].append(res)
-                print(f"round {r} {w:8s} {m:9s} {res}", flush=True)
+def summarize(results: dict) -> dict:
+    """Per workload and mode: median ms per iteration over the rounds, its ratio to plain."""
     summary = {}
     for w, by_mode in results.items():
         plain = [x["ms"] for x in by_mode.get("plain", []) if "ms" in x]
@@ -243,6 +220,40 @@ def main() -> int:
             summary[w][m] = {"ms_median": round(statistics.median(ms), 3), "ms_runs": [round(v, 3) for v in ms],
                              "cpu_ms_median": round(statistics.median(cpu), 3) if cpu else None,
                              "ratio_to_plain": round(statistics.median(ms) / base, 4)}
+    return summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES + ABLATIONS)
+    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    ap.add_argument("--out", help="folder for the result file (default benchmarks/results)")
+    ap.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "MODE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker, args.iters)))
+        return 0
+    import torch
+    results: dict = {w: {m: [] for m in args.modes} for w in args.workloads}
+    hardware = resultfile.hardware("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    for r in range(args.rounds):
+        for w in args.workloads:
+            for m in args.modes:
+                out = subprocess.run([sys.executable, __file__, "--iters", str(args.iters), "--worker", w, m],
+                                     capture_output=True, text=True)
+                try:
+                    res = json.loads(out.stdout.strip().splitlines()[-1])
+                except (IndexError, ValueError):
+                    res = {"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
+                results[w][m].append(res)
+                print(f"round {r} {w:8s} {m:9s} {res}", flush=True)
+        summary = summarize(results)        # saved after every round: a run cut short keeps its rounds
+        path = resultfile.save("trace_overhead_real", hardware, {
+            "bench": "trace_overhead_real", "device": device, "rounds_done": r + 1,
+            "summary": summary, "runs": results}, args.out)
     print("\nworkload  mode            ms/iter  x plain  CPU ms/iter (queued before .item())")
     for w, by_mode in summary.items():
         for m, s in by_mode.items():
@@ -250,11 +261,6 @@ def main() -> int:
                 print(f"{w:9s} {m:9s}  {s['error']}")
             else:
                 print(f"{w:9s} {m:14s}  {s['ms_median']:7.2f}  {s['ratio_to_plain']:.3f}    {s['cpu_ms_median']:7.2f}")
-    data = {"bench": "trace_overhead_real",
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-            "summary": summary, "runs": results}
-    path = resultfile.save("trace_overhead_real", resultfile.hardware("cuda" if torch.cuda.is_available() else "cpu"),
-                           data, args.out)
     print("wrote", path)
     return 0
 
