@@ -23,7 +23,7 @@ PACKAGE = ROOT / "memdoctor"
 # bottom to top: a module may import its own layer and those below it, never one above
 LAYERS = [
     ("run, units", ("memdoctor.run", "memdoctor.units", "memdoctor.version", "memdoctor.limits",
-                    "memdoctor.sanitize", "memdoctor.runcheck")),
+                    "memdoctor.sanitize", "memdoctor.runcheck", "memdoctor.collector")),
     ("cuda", ("memdoctor.cuda",)),
     ("capture, attribution", ("memdoctor.capture", "memdoctor.attribution")),
     ("diagnosis, predict, remedies", ("memdoctor.diagnosis", "memdoctor.predict", "memdoctor.remedies")),

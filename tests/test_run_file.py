@@ -55,6 +55,18 @@ def test_traced_run_round_trips_losslessly(tmp_path):
     assert Run.load(plain).to_dict() == run.to_dict()
 
 
+def test_saved_text_is_the_runs_json_exactly(tmp_path):
+    """save() makes its JSON a piece at a time, compressed on a second thread: the file
+    holds exactly json.dumps of to_dict(), lists longer than a piece and nested meta too."""
+    run = traced_run()
+    n = 100_003
+    run.actions, run.event_blocks, run.event_bytes = [0] * n, list(range(n)), [n - i for i in range(n)]
+    run.meta["nested"] = {"calls": [{"a": i, "b": [i, str(i)]} for i in range(30_001)], "empty": {}, "none": []}
+    path = tmp_path / "x.memrun.json.gz"
+    run.save(path)
+    assert gzip.decompress(path.read_bytes()) == json.dumps(run.to_dict(), separators=(",", ":")).encode()
+
+
 names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 maybe_int = st.none() | st.integers(0, 2**62)
 

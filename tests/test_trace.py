@@ -393,6 +393,33 @@ def quiet_trace(path, **kwargs):
         return trace_script(str(path), **kwargs)
 
 
+def test_a_traced_script_leaves_the_garbage_collector_as_it_was(tmp_path):
+    """The collector is kept off the objects made before the script (frozen) and paused
+    while the run is built: afterwards it is on, and nothing is left frozen; a collector
+    the caller switched off stays off, and objects the caller froze stay frozen."""
+    import gc
+    script = tmp_path / "cycles.py"
+    script.write_text("import torch\nclass Node:\n    pass\n"
+                      "for _ in range(3):\n    a, b = Node(), Node()\n    a.other, b.other = b, a\n"
+                      "    a.t = torch.ones(1024)\n")
+    assert gc.get_freeze_count() == 0
+    result = quiet_trace(script, source="dispatch")
+    assert result.exit_code == 0 and result.run.num_events > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        quiet_trace(script, source="dispatch")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    gc.freeze()
+    try:
+        quiet_trace(script, source="dispatch")
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
 def test_every_cpu_scenario_is_listed():
     """The eight CPU scenarios s01-s08 are the ones the parametrized tests below run."""
     assert cpu_scenarios() == SCENARIOS

@@ -94,8 +94,10 @@ class DispatchSource(TorchDispatchMode):
             # one op's output, a plain tensor, is by far the most common: recorded here inline
             known = self._plain.get(id(func))
             if known is not None and known[0] is func and type(out) is Tensor:
-                self._follow_backward()
-                block = self.recorder.add_output(out, known[1])
+                rec = self.recorder
+                if (_in_backward() != -1) is not (rec.phase == _BACKWARD):     # entered or left
+                    self._follow_backward()
+                block = rec.add_output(out, known[1])
                 if block is not None:       # a new storage: the user's line (here(2): above this method)
                     block.source = self._frames.here(2)
             else:

@@ -11,6 +11,7 @@ import functools
 import sys
 import weakref
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -20,9 +21,11 @@ from memdoctor.capture.recorder import Recorder, log
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
 DATASET_ROWS = 4        # an input taken from a storage this many times its size: a dataset's slice
+_FORWARD, _BACKWARD, _OPTIMIZER = Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value
+_INPUTS = Category.INPUTS.value
 
 
-@dataclass
+@dataclass(slots=True)
 class ForwardCall:
     """One outermost module call: the unit that is, or never is, back-propagated."""
     index: int
@@ -49,8 +52,7 @@ def guarded(method):
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:
-            self.broken = True
-            log.warning("memdoctor: ownership hooks stopped after an internal error: %r", exc)
+            self.stop_after(exc)
             return None
     return wrapper
 
@@ -90,6 +92,11 @@ class OwnershipHooks:
         self._saved = None
         self._stepping_aside = False
         self.removed = False
+
+    def stop_after(self, exc: Exception) -> None:
+        """An internal error in a hook: log it once and turn the hook set off."""
+        self.broken = True
+        log.warning("memdoctor: ownership hooks stopped after an internal error: %r", exc)
 
     # ---- install / remove -------------------------------------------------------
     def install(self) -> None:
@@ -265,41 +272,74 @@ class OwnershipHooks:
         return self.param_names.get(id(p)) or f"param{tuple(p.shape)}"
 
     # ---- forward ---------------------------------------------------------------------
-    @guarded
+    # The two global module hooks run at every module call (a transform's, once a sample):
+    # each guards itself as `guarded` would, whose wrapper would cost about as much again.
     def _forward_pre(self, module, args):
-        rec = self.rec
-        if not self.stack and not _in_backward():   # a recompute in backward is no new pass
-            if id(module) not in self.roots and self._holds_parameters(module):
-                self.adopt_model(module)
-            for t in _tensors(args) + _tensors(_call_kwargs()):
-                try:                # asked once: each call makes a new Python object
-                    storage = t.untyped_storage()
-                except Exception:
-                    storage = None
-                if not self._made_by_forward(t, storage):
-                    rec.claim(t, Category.INPUTS.value, storage=storage)
-                    if storage is not None:
-                        self._note_slice(t, storage)
-            name = self.module_names.get(id(module), type(module).__name__)
-            self.calls.append(ForwardCall(len(self.calls), name, len(rec.run.actions),
-                                          training=module.training,
-                                          grad_enabled=torch.is_grad_enabled(),
-                                          params=id(module) in self.roots))
-            self.stack.append(name)
-            rec.forward_depth += 1
-            if not _in_backward():
-                rec.mark(Phase.FORWARD.value, name)
-            self.calls[-1].mark_start = len(rec.run.marks) - 1
+        if self.broken:
             return None
+        try:
+            if not self.stack and _graph_task() == -1:    # a recompute in backward is no new pass
+                self._outermost_pre(module, args)
+            else:
+                self._inner_pre(module)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            self.stop_after(exc)
+        return None
+
+    def _outermost_pre(self, module, args) -> None:
+        """An outermost call starts: claim its inputs, open its ForwardCall, mark it."""
+        rec = self.rec
+        if id(module) not in self.roots and self._holds_parameters(module):
+            self.adopt_model(module)
+        kwargs = _call_kwargs(3)        # _call_kwargs <- here <- _forward_pre <- torch's inner
+        for t in _tensors(args) + _tensors(kwargs) if kwargs else _tensors(args):
+            self._claim_input(t)
+        name = self.module_names.get(id(module), type(module).__name__)
+        call = ForwardCall(len(self.calls), name, len(rec.run.actions), training=module.training,
+                           grad_enabled=torch.is_grad_enabled(), params=id(module) in self.roots)
+        self.calls.append(call)
+        self.stack.append(name)
+        rec.forward_depth += 1
+        rec.mark(_FORWARD, name)
+        call.mark_start = len(rec.run.marks) - 1
+
+    def _inner_pre(self, module) -> None:
+        """A call inside another (or a recompute in backward): the module running now."""
         name = self.module_names.get(id(module), type(module).__name__)
         self.stack.append(name)
+        rec = self.rec
         rec.forward_depth += 1
         if rec.on_mark is None or len(self.stack) <= STAMP_DEPTH:   # a tag costs a call into CUDA's allocator
             rec.enter_module(name)
+
+    def _claim_input(self, t: torch.Tensor) -> None:
+        """A tensor handed to an outermost call is an input, unless a forward made it."""
+        try:                # asked once: each call makes a new Python object
+            storage = t.untyped_storage()
+        except Exception:
+            storage = None
+        if self._made_by_forward(t, storage):
+            return
+        if storage is None or not self.rec.claim_counted(t, storage, _INPUTS):
+            self.rec.claim(t, _INPUTS, storage=storage)
+        if storage is not None and storage.nbytes() >= DATASET_ROWS * max(t.nbytes, 1):
+            self._note_slice(t, storage)     # a small view of a large storage
+
+    def _forward_post(self, module, args, output):
+        if self.broken:
+            return None
+        try:
+            self._post(output)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            self.stop_after(exc)
         return None
 
-    @guarded
-    def _forward_post(self, module, args, output):
+    def _post(self, output) -> None:
+        """A module call ends: the outermost one closes its ForwardCall and notes its outputs."""
         rec = self.rec
         if not self.stack:
             return None
@@ -313,20 +353,23 @@ class OwnershipHooks:
         call.seq_end = len(rec.run.actions)
         self._outputs.clear()
         for t in _tensors(output):
-            if isinstance(t, torch.Tensor):
-                self._note_output(t)
-                if t.grad_fn is not None:
-                    call.graph = True
-                    t.grad_fn.register_prehook(functools.partial(self._backward_started, call))
-        if not _in_backward():
+            self._note_output(t)
+            if t.grad_fn is not None:
+                call.graph = True
+                t.grad_fn.register_prehook(functools.partial(self._backward_started, call))
+        if _graph_task() == -1:
             rec.mark(rec.outer_phase())
         call.mark_end = len(rec.run.marks) - 1
         return None
 
     def _note_output(self, t: torch.Tensor) -> None:
+        """Remember the output's storage by a weak reference: the recorder's own for it where
+        it has one (no new object a call), else a new one."""
         try:
             storage = t.untyped_storage()
-            self._outputs[storage._cdata] = weakref.ref(storage)
+            key = storage._cdata
+            entry = self.rec.live.get(key)
+            self._outputs[key] = entry if entry is not None else weakref.ref(storage)
         except Exception:
             pass
 
@@ -343,10 +386,8 @@ class OwnershipHooks:
 
     def _note_slice(self, t: torch.Tensor, storage) -> None:
         """An input that is a small view of a large storage (a batch sliced from a dataset
-        held whole): remember the storage (its block, or its address under the allocator
-        source) and the rows taken from it."""
-        if storage.nbytes() < DATASET_ROWS * max(t.numel() * t.element_size(), 1):
-            return
+        held whole, DATASET_ROWS times its size or more): remember the storage (its block, or
+        its address under the allocator source) and the rows taken from it."""
         entry = self.rec.live.get(storage._cdata)
         key = ("block", entry.block.id) if entry is not None else ("address", storage.data_ptr())
         rows = t.shape[0] if t.dim() else 1
@@ -372,8 +413,8 @@ class OwnershipHooks:
             return None
         call.backward = True
         try:
-            if self.rec.phase != Phase.BACKWARD.value:
-                self.rec.mark(Phase.BACKWARD.value)
+            if self.rec.phase != _BACKWARD:
+                self.rec.mark(_BACKWARD)
             task = torch._C._current_graph_task_id()
             if task != self._queued_task:       # one end mark per backward() call
                 self._queued_task = task
@@ -422,7 +463,7 @@ class OwnershipHooks:
     def _step_pre(self, optimizer, args, kwargs):
         self.rec.in_optimizer = True
         self.optimizer_steps += 1        # counted as it starts: a first step the OOM cut short is one
-        self.rec.mark(Phase.OPTIMIZER.value)
+        self.rec.mark(_OPTIMIZER)
         self.adopt_optimizer(optimizer)
 
     @guarded
@@ -437,7 +478,8 @@ class OwnershipHooks:
     # ---- after the run ------------------------------------------------------------------
     def forward_calls(self) -> list[dict]:
         names = [f.name for f in fields(ForwardCall)]
-        return [{n: getattr(c, n) for n in names} for c in self.calls]
+        values = attrgetter(*names)
+        return [dict(zip(names, values(c))) for c in self.calls]
 
     def step_starts(self) -> tuple[str, list[int]]:
         """What the script repeats, as mark indices where a step begins: optimizer steps
@@ -474,21 +516,35 @@ def describe_optimizer(optimizer) -> dict:
     }
 
 
-def _call_kwargs() -> dict | None:
+_WRAPPED_CALL = getattr(getattr(torch.nn.Module, "_wrapped_call_impl", None), "__code__", None)
+
+
+def _call_kwargs(depth: int) -> dict | None:
     """The keyword arguments of the module call whose global pre-hook is running
-    (`model(input_ids=ids)`): torch hands global pre-hooks the positional ones only; the
-    kwargs are a local of the calling frame in `Module._call_impl`. None where that frame
-    holds none (another torch version): those inputs go unclaimed."""
+    (`model(input_ids=ids)`): torch hands global pre-hooks the positional ones only.
+    `depth`: frames from here up to torch's `inner` in `Module._call_impl`, which calls the
+    hooks and holds the kwargs among a dozen locals. Two frames above it, the
+    `Module._wrapped_call_impl(self, *args, **kwargs)` that called `_call_impl` holds the same
+    ones among three (reading a frame's locals copies them all); where the call came another
+    way (a compiled module, `_call_impl` called directly), `inner`'s are read. None where
+    neither holds them (another torch version): those inputs go unclaimed."""
     try:
-        frame = sys._getframe(3)        # _call_kwargs <- _forward_pre <- guarded <- torch's caller
+        try:
+            frame = sys._getframe(depth + 2)
+        except ValueError:          # fewer frames than that: not called the usual way
+            frame = None
+        if frame is None or frame.f_code is not _WRAPPED_CALL:
+            frame = sys._getframe(depth)
+            if not frame.f_code.co_filename.endswith(("module.py", "module.pyc")):
+                return None
         kwargs = frame.f_locals.get("kwargs")
     except Exception:
         return None
-    return kwargs if isinstance(kwargs, dict) and frame.f_code.co_filename.endswith(
-        ("module.py", "module.pyc")) else None
+    return kwargs if isinstance(kwargs, dict) else None
 
 
 _ATOMS = (int, float, bool, str, type(None))
+_Tensor = torch.Tensor
 
 
 def _tensors(obj) -> list:
@@ -498,19 +554,19 @@ def _tensors(obj) -> list:
     called once a sample) only for anything nested."""
     if obj is None:
         return []
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, _Tensor):
         return [obj]
     kind = type(obj)
     if kind is tuple or kind is list or kind is dict:
         found = []
         for x in (obj.values() if kind is dict else obj):
-            if isinstance(x, torch.Tensor):
+            if isinstance(x, _Tensor):
                 found.append(x)
             elif not isinstance(x, _ATOMS):
                 break
         else:
             return found
-    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+    return [t for t in tree_leaves(obj) if isinstance(t, _Tensor)]
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
@@ -537,5 +593,8 @@ def _pop_saved_hooks(pack) -> None:
         autograd._push_saved_tensors_default_hooks(*hooks)
 
 
+_graph_task = torch._C._current_graph_task_id      # -1 outside autograd's engine
+
+
 def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
+    return _graph_task() != -1

@@ -5,6 +5,11 @@ report who owns a storage (parameter, gradient, optimizer state, saved for backw
 input) and where the run is (phase, step, module). Every storage is one Block, counted
 once, freed when its last tensor dies (a weakref callback on the storage object, which
 PyTorch keeps alive exactly as long as the storage itself).
+
+A long run records millions of these, and the garbage collector walks every container
+object that stays alive: marks are therefore kept as plain tuples while recording (which
+the collector stops walking) and become Mark objects in `finish_marks`, before anything
+reads them; blocks of one shape share one shape list (never changed in place).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from memdoctor.collector import paused_gc
 from memdoctor.run import OOM, Action, Block, Category, Mark, Phase, Run, stronger
 
 log = logging.getLogger("memdoctor")
@@ -24,6 +30,9 @@ log = logging.getLogger("memdoctor")
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)    # the types that hold their own storage
 _TEMP = Category.TEMPORARIES.value
+_FORWARD, _OPTIMIZER, _OTHER = Phase.FORWARD.value, Phase.OPTIMIZER.value, Phase.OTHER.value
+_ALLOC = Action.ALLOC
+_now = time.perf_counter
 _WRAPPERS: dict[type, bool] = {}                # tensor subclass -> holds its memory in inner tensors
 
 
@@ -59,20 +68,34 @@ class Recorder:
         self._next_id = 0
         self._dtype_names: dict[Any, str] = {}
         self._device_names: dict[Any, str] = {}
+        self._shapes: dict[torch.Size, list[int]] = {}     # one list per shape, shared by its blocks
+        self._marks_done = 0        # run.marks before this index are Mark objects, the rest tuples
         self.mark()
 
     # ---- where the run is ---------------------------------------------------------
     def mark(self, phase: str | None = None, module: str | None = None) -> None:
-        """Note that from the next event on the run is in `phase` (and `module`)."""
+        """Note that from the next event on the run is in `phase` (and `module`): a tuple
+        until `finish_marks` (the clock's reading, turned into seconds from the start there)."""
         if phase is not None:
             self.phase = phase
         self.module = module
-        marks = self.run.marks
-        seq = len(self.run.actions)
-        m = Mark(seq, self.phase, self.step, module, round(time.perf_counter() - self._t0, 6))
-        marks.append(m)       # kept even when empty: a fused optimizer step allocates nothing
+        run = self.run
+        marks = run.marks
+        # kept even when empty: a fused optimizer step allocates nothing
+        marks.append((len(run.actions), self.phase, self.step, module, _now()))
         if self.on_mark is not None:
             self.on_mark(len(marks) - 1)
+
+    def finish_marks(self) -> None:
+        """Turn the marks recorded since the last call into Mark objects; the collector is
+        paused meanwhile, as nothing but these objects is made."""
+        marks, t0 = self.run.marks, self._t0
+        if self._marks_done == len(marks):
+            return
+        with paused_gc():
+            marks[self._marks_done:] = [Mark(seq, phase, step, module, round(t - t0, 6))
+                                        for seq, phase, step, module, t in marks[self._marks_done:]]
+        self._marks_done = len(marks)
 
     def enter_module(self, name: str | None) -> None:
         self.module = name
@@ -82,8 +105,8 @@ class Recorder:
     def outer_phase(self) -> str:
         """The phase the hooks say we are in, outside the autograd engine."""
         if self.in_optimizer:
-            return Phase.OPTIMIZER.value
-        return Phase.FORWARD.value if self.forward_depth else Phase.OTHER.value
+            return _OPTIMIZER
+        return _FORWARD if self.forward_depth else _OTHER
 
     # ---- storages ------------------------------------------------------------------
     def add(self, tensor, name: str, category: str, phase: str | None = None,
@@ -109,13 +132,22 @@ class Recorder:
     def add_output(self, tensor: torch.Tensor, name: str) -> Block | None:
         """An op's output of type Tensor itself, counted as a temporary: its Block if the
         storage is new, None if it is counted already (a view, an in-place op) or has none.
-        The path of nearly every op, without `add`'s checks for subclasses."""
+        The path of nearly every op: `_count` inline, without `add`'s checks for subclasses."""
         try:
             storage = tensor.untyped_storage()
         except Exception:
             return None
-        block, new = self._count(storage, tensor, name, _TEMP, None, False)
-        return block if new else None
+        key = storage._cdata
+        entry = self.live.get(key)
+        if entry is not None:
+            block = entry.block
+            if block.category != _TEMP:
+                block.category = stronger(_TEMP, block.category)
+            return None
+        nbytes = storage.nbytes()
+        if self.budget is not None:
+            self.budget(nbytes, self.live_bytes)
+        return self._alloc(storage, key, nbytes, tensor, name, _TEMP, None)
 
     def _count(self, storage, tensor, name: str, category: str, phase: str | None,
                before: bool) -> tuple[Block, bool]:
@@ -150,24 +182,28 @@ class Recorder:
         return first
 
     def _alloc(self, storage, key, nbytes, tensor, name, category, phase) -> Block:
-        dtype, device = tensor.dtype, tensor.device
+        size, dtype, device = tensor.shape, tensor.dtype, tensor.device
+        shape = self._shapes.get(size)
+        if shape is None:
+            shape = self._shapes[size] = list(size)
         dname = self._dtype_names.get(dtype)
         if dname is None:
             dname = self._dtype_names[dtype] = str(dtype).replace("torch.", "")
         devname = self._device_names.get(device)
         if devname is None:
             devname = self._device_names[device] = str(device)
-        return self._new_block(storage, key, nbytes, list(tensor.shape), dname, devname, name, category, phase)
+        return self._new_block(storage, key, nbytes, shape, dname, devname, name, category, phase)
 
     def _new_block(self, storage, key, nbytes, shape, dname, devname, name, category, phase) -> Block:
         run = self.run
         seq = len(run.actions)
-        block = Block(self._next_id, nbytes, category, name, shape, dname,
+        block_id = self._next_id
+        self._next_id = block_id + 1
+        block = Block(block_id, nbytes, category, name, shape, dname,
                       devname, self.module, phase or self.phase, self.step, seq)
-        self._next_id += 1
-        run.blocks[block.id] = block
-        run.actions.append(Action.ALLOC)
-        run.event_blocks.append(block.id)
+        run.blocks[block_id] = block
+        run.actions.append(_ALLOC)
+        run.event_blocks.append(block_id)
         run.event_bytes.append(nbytes)
         ref = _StorageRef(storage, self._on_free_callback)
         ref.key, ref.block = key, block
@@ -239,6 +275,21 @@ class Recorder:
         run.event_bytes.append(block.nbytes)
         self.live_bytes -= block.nbytes
 
+    def claim_counted(self, tensor, storage, category: str) -> bool:
+        """`claim(tensor, category, storage=storage)` for a storage counted already, done
+        the short way (a model's inputs are claimed at every outermost call); False where it
+        is not counted, or the tensor is a subclass, or owners are joined by address: for
+        `claim` to do."""
+        if self.claims is not None or type(tensor) not in _PLAIN:
+            return False
+        entry = self.live.get(storage._cdata)
+        if entry is None:
+            return False
+        block = entry.block
+        if block.category != category:
+            block.category = stronger(category, block.category)
+        return True
+
     def claim(self, tensor, category: str, name: str | None = None, storage=None) -> None:
         """Say who owns an existing tensor's storage (counting it first if it is new);
         `storage`: the tensor's untyped storage where the caller has it already."""
@@ -258,6 +309,7 @@ class Recorder:
         """Number the steps from what the script repeats: each mark index in `starts` begins
         the next step. Marks, blocks and OOMs take the step of the mark in force when they
         were made (one pass over the marks, a binary search per block)."""
+        self.finish_marks()
         if not starts:
             return
         marks = self.run.marks
@@ -289,11 +341,16 @@ class Recorder:
         """Stop listening for frees; what is still alive stays alive in the Run."""
         self.stop()
         self.mark()
+        self.finish_marks()
         return self.run
 
     def stop(self) -> None:
         """Record nothing more: no storage's end reaches the Run from now on (the weak
-        references that would tell are dropped). Safe to call again."""
+        references that would tell are dropped, and with them the recorder's reference to
+        itself, so that the run is freed as soon as its last user lets go, not at the next
+        full collection). Safe to call again."""
         self.active = False
         self.live.clear()
         self._shrunk.clear()
+        self._on_free_callback = None
+        self.finish_marks()

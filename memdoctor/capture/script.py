@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from memdoctor.capture.session import Tracer
+from memdoctor.collector import frozen_gc
 from memdoctor.run import Run
 
 __all__ = ["as_script", "ScriptResult", "trace_script", "script_build"]
@@ -49,7 +50,7 @@ def trace_script(path: str, args: list[str] | None = None, budget=None, source: 
     code, error, oom = 0, None, False
     with as_script(path, args or []) as argv:
         try:
-            with tracer:
+            with frozen_gc(), tracer:
                 runpy.run_path(path, run_name="__main__")
         except torch.OutOfMemoryError as exc:
             oom, code, error = True, 1, str(exc).strip().splitlines()[0]

@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from memdoctor.collector import paused_gc
 from memdoctor.run import Phase, Run
 from memdoctor.units import parse_size
 from memdoctor.capture.budget import SimulatedBudget
@@ -127,7 +128,8 @@ class Tracer:
                 self._undo = [u for u in self._undo if u != self.allocator.abandon]
                 self._remove_all()
                 self._undo.append(self.allocator.abandon)
-            self._build(exc, tb, caller)
+            with paused_gc():               # only memdoctor's own objects are made here
+                self._build(exc, tb, caller)
         finally:
             self._remove_all()                  # the allocator's, when stop() never ran
             rec.stop()

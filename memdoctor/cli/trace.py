@@ -10,6 +10,7 @@ from memdoctor.cli.common import (EXIT_OK, EXIT_OOM, EXIT_SCRIPT_FAILED, UsageEr
 from memdoctor.cli.export import check_output, write_snapshot
 from memdoctor.cli.launcher import done, launched, speaks, wait_for_rank0
 from memdoctor.cli.progress import working
+from memdoctor.collector import paused_gc
 
 
 def add_parser(sub) -> None:
@@ -24,10 +25,16 @@ def execute(ns) -> int:
     check_script(ns.script)
     if ns.memory_viz:
         check_output(ns.memory_viz)
+    result = traced(ns)
+    with paused_gc():       # only memdoctor's own objects are made from here on
+        return show_and_save(ns, result)
+
+
+def show_and_save(ns, result) -> int:
+    """Save the traced run and print its memory at the peak; the exit code."""
     from memdoctor.attribution import at_peak
     from memdoctor.capture.ranks import path_for
     from memdoctor.report.json import dumps, trace_json
-    result = traced(ns)
     run = result.run
     peak = at_peak(run)
     base = ns.output or default_run_path(ns.script)
