@@ -27,8 +27,6 @@ from memdoctor.cuda.allocator_model import round_size
 
 MAX_ENTRIES = 2_000_000
 _PREFIX = "memdoctor:"
-
-
 STACKED_STEPS = 2     # full mode: steps recorded with Python stacks before they pause
 
 
