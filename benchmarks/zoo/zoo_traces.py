@@ -7,7 +7,9 @@ memdoctor's allocator model.
 For each zoo id (ARCH/MODE/bBATCH), in a fresh process: the real steps under
 torch.cuda.memory._record_memory_history, then the estimate with its allocator model's
 requests logged. Writes DIR/<id>.json.gz (both request sequences, compact: [1, n, bytes]
-for the n-th allocation, [0, n, 0] for its free) and prints, per id, the GPU's peaks, the
+for the n-th allocation, [0, n, 0] for its free; beside each, "labels": what made each
+allocation, in order: on the GPU the innermost torch function and the first frame outside
+torch, in the estimate the block's name, module, phase, shape and dtype) and prints, per id, the GPU's peaks, the
 model's on the GPU's own requests (the allocator model alone), the estimate's, and the
 first request where the two sequences differ. A model exact on the GPU's requests and an
 estimate off says the fake step's order of allocations and frees differs from the GPU's.
@@ -47,7 +49,7 @@ def _real(row: dict) -> dict:
     from memdoctor.remedies import prepare
     from zoo_models import build
     torch.manual_seed(0)
-    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=5_000_000)
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=5_000_000)
     with torch.device("cuda"):
         model, optimizer, batch, loss_fn = build(row["arch"], row["batch"], own_checkpointing=row["own_checkpointing"])
     prepared = prepare(model, optimizer, row["plan"], device_type="cuda") if row["plan"] else None
@@ -60,10 +62,22 @@ def _real(row: dict) -> dict:
     torch.cuda.memory._record_memory_history(enabled=None)
     trace = [{"action": e["action"], "addr": e["addr"], "size": e["size"]} for e in snap["device_traces"][0]]
     out = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
-           "segments": sum(1 for e in trace if e["action"] == "segment_alloc"), "events": compact(trace)}
+           "segments": sum(1 for e in trace if e["action"] == "segment_alloc"), "events": compact(trace),
+           "labels": [_frame_label(e.get("frames") or []) for e in snap["device_traces"][0] if e["action"] == "alloc"]}
     del model, optimizer, batch, prepared
     torch.cuda.empty_cache()
     return out
+
+
+def _frame_label(frames: list[dict]) -> str:
+    """The innermost Python function that asked for the memory, and the first frame outside
+    torch (the model's own line)."""
+    inner = frames[0]["name"] if frames else "?"
+    for f in frames:
+        name = f.get("filename", "")
+        if "/torch/" not in name and "<" not in name:
+            return f"{inner} <- {Path(name).name}:{f.get('line')} {f.get('name')}"
+    return inner
 
 
 def _predicted(row: dict) -> dict:
@@ -71,7 +85,17 @@ def _predicted(row: dict) -> dict:
     from memdoctor.cuda import allocator_model
     from memdoctor.predict.config import estimate_config
     from zoo_accuracy import ZOO_SCRIPT, _script_args
+    from memdoctor.predict import replay as replay_module
     log: list[list[int]] = []
+    labels: list[str] = []
+    current: list = [None, None]        # the Run being replayed, and the block of the event now
+    real_events = replay_module._events
+
+    def events(run, *args, **kwargs):
+        current[0] = run
+        for item in real_events(run, *args, **kwargs):
+            current[1] = item[3]
+            yield item
     numbers: dict[int, int] = {}        # id of a live block -> its allocation number
     count = [0]
     real_malloc, real_free = allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free
@@ -84,6 +108,8 @@ def _predicted(row: dict) -> dict:
         if self is first[0] and block is not None:
             numbers[id(block)] = count[0]
             log.append([1, count[0], int(nbytes)])
+            blk = current[0].blocks.get(current[1]) if current[0] is not None else None
+            labels.append(f"{blk.name} {blk.module} {blk.phase} {blk.shape} {blk.dtype}" if blk else "?")
             count[0] += 1
         return block
 
@@ -92,12 +118,14 @@ def _predicted(row: dict) -> dict:
             log.append([0, numbers.pop(id(block)), 0])
         return real_free(self, block)
     allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free = malloc, free
+    replay_module._events = events
     try:
         est = estimate_config(script=str(ZOO_SCRIPT), script_args=_script_args(row), plan=row["plan"])
     finally:
         allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free = real_malloc, real_free
+        replay_module._events = real_events
     return {"allocated": est.peak_allocated_bytes, "reserved": est.peak_reserved_bytes, "events": log,
-            "notes": est.notes}
+            "labels": labels, "notes": est.notes}
 
 
 def first_difference(real: list, predicted: list) -> int | None:
