@@ -30,13 +30,17 @@ from tests.realworld.test_realworld import CASES, diagnose, prepare  # noqa: E40
 MiB = 2 ** 20
 
 
-def _one(case: dict, margin: int, source: str, work_root: Path) -> dict:
+def _one(case: dict, margin: int, source: str, work_root: Path, runs: Path | None = None) -> dict:
     budget = parse_size(case["budget"]["cpu"]) + margin * MiB
     trial = dict(case, budget={**case["budget"], "cuda": f"{budget // MiB}MiB"})
     work = work_root / f"{case['name']}_{margin}_{source}"
     try:
         prepare(trial, work)
-        out = diagnose(trial, work, kind="cuda", options=("--source", source))
+        tag = f"{case['name']}_{margin}_{source}"
+        save = ("-o", str(runs / f"{tag}.memrun.json.gz")) if runs else ()
+        out = diagnose(trial, work, kind="cuda", options=("--source", source, *save))
+        if runs:
+            (runs / f"{tag}.diagnose.json").write_text(json.dumps(out, default=str))
     except BaseException as exc:        # a failed run is a row too
         return {"case": case["name"], "margin_mib": margin, "source": source, "error": repr(exc)[-500:]}
     rules = [f["rule"] for f in out["findings"]]
@@ -52,12 +56,21 @@ def main(argv=None) -> int:
     ap.add_argument("--margins", type=int, nargs="+", default=[0, 32, 64, 96], help="MiB over the CPU budget")
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--out", default=None, help="folder for the results file (default benchmarks/results)")
+    ap.add_argument("--cases", nargs="+", default=None, help="only these cases (with a margin each: NAME:MIB)")
+    ap.add_argument("--save-runs", default=None, help="folder for each run's traced run and diagnosis JSON")
     args = ap.parse_args(argv)
     cases = [_on_cuda(c) for c in CASES if "cuda" not in c["budget"]]
+    trials = [(c, m) for c in cases for m in args.margins]
+    if args.cases:
+        wanted = [name.partition(":") for name in args.cases]
+        by_name = {c["name"]: c for c in map(_on_cuda, CASES)}
+        trials = [(by_name[name], int(margin or 0)) for name, _, margin in wanted]
+    runs = Path(args.save_runs) if args.save_runs else None
+    if runs:
+        runs.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(_one, c, m, s, Path(tmp)) for c in cases for m in args.margins
-                   for s in ("allocator", "dispatch")]
+        futures = [pool.submit(_one, c, m, s, Path(tmp), runs) for c, m in trials for s in ("allocator", "dispatch")]
         for fut in futures:
             row = fut.result()
             rows.append(row)
