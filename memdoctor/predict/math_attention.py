@@ -19,22 +19,28 @@ import torch
 import torch.nn.functional as F
 
 aten = torch.ops.aten
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def math_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                    scale: float | None = None, enable_gqa: bool = False):
-    """attention.cpp's `_scaled_dot_product_attention_math` (torch 2.11), first output; a
-    boolean mask is made additive as the dispatcher makes it before calling it."""
+    """attention.cpp's `_scaled_dot_product_attention_math` (torch 2.11), first output, with
+    the dispatcher's conversion of a boolean mask (in the inputs' dtype) before it. Unless
+    `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)`, fp16/bf16 inputs are
+    computed in fp32: the scores and their softmax take twice the bytes, and the kernel also
+    returns the softmax cast back (made and freed at once)."""
+    origin = query.dtype
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = _additive(attn_mask, origin)
+    if origin in _HALF and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():
+        query, key, value = (t.float() if t.dtype in _HALF else t for t in (query, key, value))
     negative = scale is not None and scale < 0
     factor = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(query.size(-1)))
     q = query * (-factor if negative else factor)
     if is_causal:
-        attn_mask = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        zero = torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device)
-        minus_inf = torch.scalar_tensor(-math.inf, dtype=query.dtype, device=query.device)
-        attn_mask = torch.where(attn_mask, zero, minus_inf)
-        del zero, minus_inf
+        causal = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+        attn_mask = _additive(causal, q.dtype)
+        del causal
     if enable_gqa and query.dim() >= 3 and key.size(-3) != query.size(-3):
         repeat = query.size(-3) // key.size(-3)
         key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
@@ -45,7 +51,18 @@ def math_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is
     attn = aten._safe_softmax(attn, -1)
     if dropout_p > 0.0:
         attn = torch.dropout(attn, dropout_p, True)
-    return torch.matmul(attn, value)
+    second = attn.to(origin)            # the kernel's second output; C++ makes it first
+    out = torch.matmul(attn, value).to(origin)
+    del second
+    return out
+
+
+def _additive(mask, dtype):
+    """A boolean mask as attention.cpp's convert_boolean_attn_mask makes it: 0 where True,
+    -inf where False."""
+    zero = torch.scalar_tensor(0.0, dtype=dtype, device=mask.device)
+    minus_inf = torch.scalar_tensor(-math.inf, dtype=dtype, device=mask.device)
+    return torch.where(mask, zero, minus_inf)
 
 
 def attention_on_cuda(original, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
