@@ -20,6 +20,8 @@ match, byte for byte, the allocator's traces of training steps recorded on an H2
 - cuDNN attention: 256 bytes in forward; in backward an fp32 grad_q accumulator plus one
   fp32 value per query, and 256 bytes, per batch and head;
 - the math attention's softmax (`_safe_softmax`): its masks of -inf scores and rows;
+- softmax backward (`_softmax_backward_data`, every eager attention's): `grad * output`,
+  as large as the gradient, after the output (SoftMax.cu's softmax_backward_cuda_out);
 - embedding backward (more than 3072 indices): the sort, segment and per-segment gradient
   buffers, sized for the worst case as the kernel sizes them (cub's temporaries
   approximately).
@@ -184,6 +186,15 @@ def _safe_softmax(args, kwargs, gpu: Gpu) -> list[Scratch]:
             Scratch(torch.empty((), dtype=dtype, device="meta").element_size(), label + "zero")]
 
 
+def _softmax_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    """softmax_backward_cuda_out computes `tmp = grad * output` before its kernel: a tensor
+    as large as the gradient, in the two's promoted dtype, after the output. Seen on the H200
+    in a Llama's math attention in fp32 (8 x 16 x 1024 x 1024: a third 512 MiB block)."""
+    grad, output = args[0], args[1]
+    size = torch.empty((), dtype=torch.promote_types(grad.dtype, output.dtype), device="meta").element_size()
+    return [Scratch(grad.numel() * size, "softmax backward: grad * output")]
+
+
 def _rules() -> dict:
     rules = {}
     # sum vectorizes 16-bit inputs by 8 (its default), mean by 4 (Reduce.cuh's MeanOps)
@@ -196,7 +207,8 @@ def _rules() -> dict:
                        ("_scaled_dot_product_cudnn_attention_backward", _cudnn_attention_backward),
                        ("_scaled_dot_product_cudnn_attention", _cudnn_attention_forward),
                        ("embedding_dense_backward", _embedding_backward),
-                       ("_safe_softmax", _safe_softmax)):
+                       ("_safe_softmax", _safe_softmax),
+                       ("_softmax_backward_data", _softmax_backward)):
         packet = getattr(aten, name, None)
         if packet is not None:
             rules[packet.default] = rule
