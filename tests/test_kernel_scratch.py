@@ -176,3 +176,26 @@ def test_embedding_backward_measured_on_the_h200():
     # positions (1024 indices): the sort-free kernel
     assert scratch_for(aten.embedding_dense_backward.default, (meta(1024, 1024), meta(1024, dtype=torch.long),
                                                                1024, -1, False), {}, H200) == []
+
+
+def test_layer_norm_of_a_transposed_input_copies_it_as_on_the_h200():
+    # Whisper's encoder, batch 4: hidden states [4, 1500, 512] laid out as the convolutions'
+    # [4, 512, 1500] output. The H200 allocated a 12288000-byte copy before the output (and
+    # before mean and rstd) and freed it after them; in backward before dX, dgamma and dbeta.
+    x = meta(4, 512, 1500).transpose(1, 2)
+    w = meta(512)
+    got = scratch_for(aten.native_layer_norm.default, (x, [512], w, w, 1e-5), {}, H200)
+    assert [(s.nbytes, s.before_outputs, s.outlives) for s in got] == [(12288000, True, None)]
+    mean = meta(4, 1500, 1)
+    dy = meta(4, 1500, 512)
+    got = scratch_for(aten.native_layer_norm_backward.default, (dy, x, [512], mean, mean, w, w, [True, True, True]),
+                      {}, H200)
+    assert [(s.nbytes, s.before_outputs, s.outlives) for s in got] == [(12288000, True, None)]
+    # a transposed output gradient is made contiguous too, after the outputs
+    got = scratch_for(aten.native_layer_norm_backward.default,
+                      (meta(4, 512, 1500).transpose(1, 2), dy, [512], mean, mean, w, w, [True, True, True]), {}, H200)
+    assert [(s.nbytes, s.before_outputs) for s in got] == [(12288000, False)]
+    # contiguous inputs: nothing
+    assert scratch_for(aten.native_layer_norm.default, (dy, [512], w, w, 1e-5), {}, H200) == []
+    assert scratch_for(aten.native_layer_norm_backward.default, (dy, dy, [512], mean, mean, w, w, [True, True, True]),
+                       {}, H200) == []

@@ -24,7 +24,12 @@ match, byte for byte, the allocator's traces of training steps recorded on an H2
   as large as the gradient, after the output (SoftMax.cu's softmax_backward_cuda_out);
 - embedding backward (more than 3072 indices): the sort, segment and per-segment gradient
   buffers, sized for the worst case as the kernel sizes them (cub's temporaries
-  approximately).
+  approximately);
+- layer norm (forward and backward): a contiguous copy of an input that is not contiguous
+  (layer_norm_kernel.cu's `expect_contiguous`), which fake kernels never make: Whisper's
+  encoder keeps its hidden states in the transposed layout of its convolutions' output, so
+  each of its layer norms copies them, in forward, in checkpointing's recompute and in
+  backward.
 
 Not here: cuDNN convolution workspaces (chosen by cuDNN's heuristics per shape, GPU and
 cuDNN version: measured on the GPU by memdoctor.predict.op_probe when there is one), and
@@ -195,6 +200,34 @@ def _softmax_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
     return [Scratch(grad.numel() * size, "softmax backward: grad * output")]
 
 
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _layer_norm(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    """layer_norm_cuda: `input.expect_contiguous()` before Y, mean and rstd are made, the copy
+    released when the call returns. Seen on the H200 for Whisper's encoder (fp32, 4 x 1500 x
+    512 transposed): 12288000 bytes before the output, freed after mean and rstd."""
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.is_contiguous() or _nbytes(x) == 0:
+        return []
+    return [Scratch(_nbytes(x), "layer norm: contiguous copy of the input", before_outputs=True)]
+
+
+def _layer_norm_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    """layer_norm_backward_cuda: the input made contiguous before dX, dgamma and dbeta, then
+    `dY.contiguous()` for the kernels (freed first), the input's copy when the call returns."""
+    grad_out, x = args[0], args[1]
+    if not (isinstance(grad_out, torch.Tensor) and isinstance(x, torch.Tensor)) or x.numel() == 0:
+        return []
+    out = []
+    if not x.is_contiguous():
+        out.append(Scratch(_nbytes(x), "layer norm backward: contiguous copy of the input", before_outputs=True))
+    if not grad_out.is_contiguous():
+        out.append(Scratch(_nbytes(grad_out), "layer norm backward: contiguous output gradient"))
+    return out
+
+
 def _rules() -> dict:
     rules = {}
     # sum vectorizes 16-bit inputs by 8 (its default), mean by 4 (Reduce.cuh's MeanOps)
@@ -208,7 +241,9 @@ def _rules() -> dict:
                        ("_scaled_dot_product_cudnn_attention", _cudnn_attention_forward),
                        ("embedding_dense_backward", _embedding_backward),
                        ("_safe_softmax", _safe_softmax),
-                       ("_softmax_backward_data", _softmax_backward)):
+                       ("_softmax_backward_data", _softmax_backward),
+                       ("native_layer_norm", _layer_norm),
+                       ("native_layer_norm_backward", _layer_norm_backward)):
         packet = getattr(aten, name, None)
         if packet is not None:
             rules[packet.default] = rule
