@@ -1,8 +1,9 @@
 """A memory budget that makes a big machine behave like a small GPU.
 
-Under the dispatch source memdoctor raises the OOM itself, in the format of PyTorch's own
-message (marked simulated), the moment live tensor bytes would pass the budget. On CUDA
-the real allocator is capped with `set_per_process_memory_fraction`, so the OOM is real.
+Off a GPU (the dispatch source on the CPU) memdoctor raises the OOM itself, in the format of
+PyTorch's own message (marked simulated), the moment live tensor bytes would pass the
+budget. On a GPU the real allocator is capped with `set_per_process_memory_fraction` under
+either source, so the OOM is real and comes where the GPU's would.
 """
 from __future__ import annotations
 

@@ -68,6 +68,8 @@ class Recorder:
         self._next_id = 0
         self._dtype_names: dict[Any, str] = {}
         self._device_names: dict[Any, str] = {}
+        # devices whose storages are not counted: the host's, in a run on a GPU
+        self.skip_devices: frozenset[str] = frozenset()
         self._shapes: dict[torch.Size, list[int]] = {}     # one list per shape, shared by its blocks
         self._marks_done = 0        # run.marks before this index are Mark objects, the rest tuples
         self.mark()
@@ -181,7 +183,7 @@ class Recorder:
                 first = first or block
         return first
 
-    def _alloc(self, storage, key, nbytes, tensor, name, category, phase) -> Block:
+    def _alloc(self, storage, key, nbytes, tensor, name, category, phase) -> Block | None:
         size, dtype, device = tensor.shape, tensor.dtype, tensor.device
         shape = self._shapes.get(size)
         if shape is None:
@@ -192,6 +194,8 @@ class Recorder:
         devname = self._device_names.get(device)
         if devname is None:
             devname = self._device_names[device] = str(device)
+        if devname in self.skip_devices:
+            return None
         return self._new_block(storage, key, nbytes, shape, dname, devname, name, category, phase)
 
     def _new_block(self, storage, key, nbytes, shape, dname, devname, name, category, phase) -> Block:

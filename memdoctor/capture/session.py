@@ -11,7 +11,8 @@ import torch
 from memdoctor.collector import paused_gc
 from memdoctor.run import Phase, Run
 from memdoctor.units import parse_size
-from memdoctor.capture.budget import SimulatedBudget
+from memdoctor.capture.budget import SimulatedBudget, cap_cuda
+from memdoctor.capture.named_tensors import name_blocks
 from memdoctor.capture.ranks import rank_info
 from memdoctor.capture.dispatch import DispatchSource
 from memdoctor.capture.hooks import OwnershipHooks
@@ -81,7 +82,12 @@ class Tracer:
             self._undo.append(self.allocator.abandon)
             self.allocator.start()
         else:
-            if self.budget is not None:
+            on_gpu = run.device.get("type") == "cuda"
+            if on_gpu:      # host memory is no GPU memory: a dataset kept on the CPU takes none
+                rec.skip_devices = frozenset({"cpu"})
+            if self.budget is not None and on_gpu:
+                self._cap_cuda(self.budget)
+            elif self.budget is not None:
                 rec.budget = SimulatedBudget(rec, self.budget, run.device.get("type", "cpu"))
             self.mode = DispatchSource(rec)
             self.mode.__enter__()                   # all or nothing
@@ -90,6 +96,15 @@ class Tracer:
             self.hooks.adopt_model(m)
         for o in self.optimizers:
             self.hooks.adopt_optimizer(o)
+
+    def _cap_cuda(self, budget: int) -> None:
+        """On a GPU the budget caps the caching allocator, as under the allocator source: the
+        run then runs out where the GPU would (cuBLAS's workspaces and the allocator's
+        rounding count), and both sources see the same OOM."""
+        index = torch.cuda.current_device()
+        previous = torch.cuda.get_per_process_memory_fraction(index)
+        cap_cuda(budget, index)
+        self._undo.append(lambda: torch.cuda.set_per_process_memory_fraction(previous, index))
 
     def abandon(self) -> None:
         """Remove whatever is still installed and record nothing more: for a caller whose
@@ -155,6 +170,7 @@ class Tracer:
             self._undo.clear()                  # stop() released what start() took
             _calls_to_seqs(self.run)
             attach_keepers(self.run, held)
+            name_blocks(self.run, tb, caller)
         else:
             if oom_message and not any(o.message == oom_message for o in rec.run.ooms):
                 rec.record_oom(requested_bytes(oom_message), oom_message, simulated=False)
