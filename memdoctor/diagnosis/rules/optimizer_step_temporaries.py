@@ -8,7 +8,10 @@ Preconditions
     - the run is under pressure and an optimizer was seen;
     - scratch tensors made inside `optimizer.step()` (plus a failed request there) are
       more than 4 times the largest parameter (what a one-tensor-at-a-time step needs)
-      and at least 8% of live memory.
+      and at least 8% of live memory;
+    - weights, gradients and the optimizer's whole state fit the limit by themselves: when
+      they do not (an OOM in the first step, while the state is being made), no step
+      implementation makes them fit, and that is model-states.
 Why it runs out of memory
     `torch.optim.Adam(foreach=True)` (the default on CUDA) makes whole-model copies for its
     intermediates, so for a moment the step needs a multiple of the parameter bytes on top
@@ -40,6 +43,8 @@ def check(f: Facts) -> Finding | None:
     largest = f.optimizer.get("largest_param_bytes", 0)
     # a one-tensor-at-a-time step needs a few of the largest parameter's size at most
     if temps <= 4 * largest or temps < 0.08 * live:
+        return None
+    if f.limit_bytes and f.model_state_bytes >= f.limit_bytes:
         return None
     opt = f.optimizer
     impl = "fused" if opt.get("fused") else "foreach" if opt.get("foreach") else "default (foreach on CUDA)" \
