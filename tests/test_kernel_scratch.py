@@ -199,3 +199,36 @@ def test_layer_norm_of_a_transposed_input_copies_it_as_on_the_h200():
     assert scratch_for(aten.native_layer_norm.default, (dy, [512], w, w, 1e-5), {}, H200) == []
     assert scratch_for(aten.native_layer_norm_backward.default, (dy, dy, [512], mean, mean, w, w, [True, True, True]),
                        {}, H200) == []
+
+
+def test_softmax_of_a_channels_last_input_copies_it_as_on_the_h200():
+    # SegFormer fp32 batch 16 on the H200: the cross-entropy's log-softmax over the classes of
+    # the upsampled channels-last logits [16, 150, 512, 512] copied them (2516582400 bytes)
+    # after its output, and freed the copy when it returned
+    logits = meta(16, 512, 512, 150).permute(0, 3, 1, 2)
+    assert not logits.is_contiguous()
+    got = scratch_for(aten._log_softmax.default, (logits, 1, False), {}, H200)
+    assert [(s.nbytes, s.before_outputs, s.outlives) for s in got] == [(2516582400, False, None)]
+    assert sizes(scratch_for(aten._softmax.default, (meta(8, 64, 64, 32).permute(0, 3, 1, 2), 1, False), {},
+                             H200)) == [8 * 64 * 64 * 32 * 4]
+    assert scratch_for(aten._log_softmax.default, (meta(16, 150, 64, 64), 1, False), {}, H200) == []
+    assert scratch_for(aten._softmax.default, (meta(8, 1024), -1, False), {}, H200) == []
+
+
+def test_the_estimate_copies_channels_last_logits_for_the_cross_entropy():
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(32, 10)
+
+        def forward(self, x):           # [N, H*W, C] tokens to channels-last [N, classes, H, W] logits
+            return self.lin(x).permute(0, 2, 1).reshape(4, 10, 16, 16)
+
+    est = estimate(Head, None, lambda: (torch.randn(4, 256, 32), torch.randint(0, 10, (4, 16, 16))),
+                   lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]), device="cuda")
+    run = est.run
+    copies = [b for b in run.blocks.values() if b.name == "softmax: contiguous copy of the input"]
+    assert len(copies) == 2 and {b.nbytes for b in copies} == {4 * 10 * 16 * 16 * 4}
+    for b in copies:
+        made = run.blocks[run.event_blocks[b.alloc_seq - 1]]
+        assert made.name == "aten._log_softmax" and b.free_seq == b.alloc_seq + 1

@@ -20,6 +20,10 @@ match, byte for byte, the allocator's traces of training steps recorded on an H2
 - cuDNN attention: 256 bytes in forward; in backward an fp32 grad_q accumulator plus one
   fp32 value per query, and 256 bytes, per batch and head;
 - the math attention's softmax (`_safe_softmax`): its masks of -inf scores and rows;
+- softmax and log-softmax forward: a contiguous copy of an input that is not contiguous,
+  after the output (SoftMax.cu's host_softmax, `input_.contiguous()`): SegFormer's logits
+  keep the channels-last layout of its decode head, and the cross-entropy's log-softmax of
+  the upsampled logits copies all of them (2.4 GiB at batch 16 on the H200);
 - softmax backward (`_softmax_backward_data`, every eager attention's): `grad * output`,
   as large as the gradient, after the output (SoftMax.cu's softmax_backward_cuda_out);
 - embedding backward (more than 3072 indices): the sort, segment and per-segment gradient
@@ -200,6 +204,15 @@ def _softmax_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
     return [Scratch(grad.numel() * size, "softmax backward: grad * output")]
 
 
+def _softmax_forward(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    """softmax_cuda_out / log_softmax_cuda_out: host_softmax makes `input_.contiguous()` after
+    the (structured) output, released when the call returns."""
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.is_contiguous() or x.numel() == 0:
+        return []
+    return [Scratch(x.numel() * x.element_size(), "softmax: contiguous copy of the input")]
+
+
 def _nbytes(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
@@ -242,6 +255,8 @@ def _rules() -> dict:
                        ("embedding_dense_backward", _embedding_backward),
                        ("_safe_softmax", _safe_softmax),
                        ("_softmax_backward_data", _softmax_backward),
+                       ("_softmax", _softmax_forward),
+                       ("_log_softmax", _softmax_forward),
                        ("native_layer_norm", _layer_norm),
                        ("native_layer_norm_backward", _layer_norm_backward)):
         packet = getattr(aten, name, None)

@@ -72,7 +72,7 @@ from memdoctor.predict.eager_libraries import eager
 from memdoctor.predict.fused_rnn import cudnn_rnns
 from memdoctor.predict.anchors import compute_anchors
 from memdoctor.predict.distributed import one_rank
-from memdoctor.predict.events import batch_blocks, insert_events, inputs_are_the_batch
+from memdoctor.predict.events import batch_blocks, insert_events, inputs_are_the_batch, reorder_allocations
 from memdoctor.predict.fake_build import call_build, fakeify
 from memdoctor.predict.fake_step import force_cuda_default_foreach, train_step
 from memdoctor.predict.fused_tables import FusedTables
@@ -320,7 +320,8 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
 
 def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, notes: list[str]) -> int:
     """Insert what a GPU's kernels take beyond their outputs into the Run: the cuBLAS
-    workspaces, each op's scratch, cuDNN's measured convolution workspaces; returns the
+    workspaces, each op's scratch, cuDNN's measured convolution workspaces; and put the
+    outputs of ops whose kernels make them in another order in that order. Returns the
     workspaces' bytes."""
     run, watch = fake.run, fake.watch
     conv_note, convs_measured = "", False
@@ -334,6 +335,7 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
             convs_measured = True
         except Exception as exc:
             conv_note = f"convolutions: measuring cuDNN's workspaces on this GPU failed ({_first_line(exc)})"
+    reorder_allocations(run, watch.reorders)        # before the inserts: the spans' indices are the Run's
     ws_events = workspace_events(watch, target.sm90)
     scratch = scratch_events(watch)
     insert_events(run, ws_events + scratch, target.sim)

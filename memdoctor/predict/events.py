@@ -1,6 +1,7 @@
 """Edits to the fake step's Run before its replay: allocations and frees inserted (workspaces,
-kernel scratch, DDP's buckets) with every later event index shifted, and the batch told apart
-from the other tensors the tracer calls inputs."""
+kernel scratch, DDP's buckets) with every later event index shifted, an op's output
+allocations put in the order its CUDA kernel makes them, and the batch told apart from the
+other tensors the tracer calls inputs."""
 from __future__ import annotations
 
 import bisect
@@ -10,7 +11,7 @@ import torch
 
 from memdoctor.run import Action, Block, Category, Run
 
-__all__ = ["insert_events", "shift_seqs", "batch_blocks", "inputs_are_the_batch"]
+__all__ = ["insert_events", "reorder_allocations", "shift_seqs", "batch_blocks", "inputs_are_the_batch"]
 
 
 def insert_events(run: Run, events: list[tuple], device_type: str) -> None:
@@ -72,6 +73,27 @@ def insert_events(run: Run, events: list[tuple], device_type: str) -> None:
         mark = run.mark_at(blk.alloc_seq)
         if mark is not None:
             blk.phase, blk.step = mark.phase, mark.step
+
+
+def reorder_allocations(run: Run, spans: list[tuple[int, int, list[int]]]) -> int:
+    """Within each span (first event index, end index, blocks), give the blocks' allocations
+    the span's allocation slots in the blocks' order: an op whose kernel allocates its outputs
+    in another order than it returns them. A span whose allocations are not those blocks' is
+    left as it is. Returns how many spans were reordered."""
+    done = 0
+    for first, end, blocks in spans:
+        wanted = set(blocks)
+        slots = [seq for seq in range(first, min(end, len(run.actions)))
+                 if run.actions[seq] == Action.ALLOC and run.event_blocks[seq] in wanted]
+        if len(slots) != len(blocks):
+            continue
+        nbytes = {run.event_blocks[seq]: run.event_bytes[seq] for seq in slots}
+        for seq, bid in zip(slots, blocks):
+            run.event_blocks[seq] = bid
+            run.event_bytes[seq] = nbytes[bid]
+            run.blocks[bid].alloc_seq = seq
+        done += 1
+    return done
 
 
 def shift_seqs(run: Run, shift: Callable[[int], int]) -> None:

@@ -3,7 +3,9 @@ the cuBLAS and cuBLASLt workspaces each thread allocates at its first matmul, th
 each op's CUDA kernel takes and gives back inside the call (memdoctor.cuda.kernel_scratch),
 the convolutions to measure (memdoctor.predict.op_probe), the work counted for the step
 time, and the gradient sums autograd would make in place (memdoctor.predict.grad_sums);
-and those workspaces and scratch as events to insert into the Run."""
+the outputs a CUDA kernel allocates in another order than the op returns them
+(memdoctor.cuda.output_order); and those workspaces and scratch as events to insert into
+the Run."""
 from __future__ import annotations
 
 import os
@@ -13,6 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memdoctor.cuda.kernel_scratch import scratch_for
+from memdoctor.cuda.output_order import cuda_output_order
 from memdoctor.predict.step_time import WorkCounter
 from memdoctor.run import Category
 
@@ -86,7 +89,8 @@ class KernelWatch(TorchDispatchMode):
     """Note where the first cuBLAS (and cuBLASLt) call of each thread happens (the event
     index just after the op's outputs were allocated), and, with a `gpu`, the scratch
     memory each op's CUDA kernel would take (memdoctor.cuda.kernel_scratch) with the event
-    indices before and after the op; with a `conv_probe`, the convolutions to measure; and
+    indices before and after the op, and the ops whose kernels allocate their outputs in
+    another order (the op's event span and its output blocks in the kernel's order); with a `conv_probe`, the convolutions to measure; and
     the gradient sums autograd makes in place outside a dispatch mode
     (memdoctor.predict.grad_sums)."""
 
@@ -99,6 +103,7 @@ class KernelWatch(TorchDispatchMode):
         self.blas: dict[str, int] = {}
         self.lt: dict[str, int] = {}
         self.scratch: list[tuple[int, int, list]] = []
+        self.reorders: list[tuple[int, int, list[int]]] = []
         self.accumulations: list[tuple[int, int, tuple[int, ...], int]] = []
         self._node = None
         self._node_start = 0
@@ -123,6 +128,9 @@ class KernelWatch(TorchDispatchMode):
             scratch = scratch_for(func, args, kwargs, self.gpu)
             if scratch:
                 self.scratch.append((before, len(self.run.actions), scratch))
+            order = cuda_output_order(func, args, kwargs)
+            if order is not None:
+                self._note_order(order, out, before)
         if self.conv_probe is not None:
             self.conv_probe.note(func, args, kwargs, before, len(self.run.actions))
         return out
@@ -149,6 +157,16 @@ class KernelWatch(TorchDispatchMode):
         # storage alone: dense, and not a view, whose base holds the storage too
         if _dense(a) and not a._is_view():
             self.accumulations.append((before, len(self.run.actions), (blocks[0],), blocks[2]))
+
+    def _note_order(self, order: tuple[int, ...], out, before: int) -> None:
+        """Note the op's new output blocks in the order its CUDA kernel allocates them."""
+        if not isinstance(out, (tuple, list)) or max(order) >= len(out):
+            return
+        blocks = [self._block_of(out[i]) if isinstance(out[i], torch.Tensor) else None for i in order]
+        if None in blocks or len(set(blocks)) != len(blocks):
+            return
+        if all(self.run.blocks[b].alloc_seq >= before for b in blocks):
+            self.reorders.append((before, len(self.run.actions), blocks))
 
     def _block_of(self, t: torch.Tensor) -> int | None:
         try:

@@ -28,32 +28,45 @@ def math_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is
     the dispatcher's conversion of a boolean mask (in the inputs' dtype) before it. Unless
     `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)`, fp16/bf16 inputs are
     computed in fp32: the scores and their softmax take twice the bytes, and the kernel also
-    returns the softmax cast back (made and freed at once)."""
+    returns the softmax cast back (made and freed at once).
+
+    The kernel's locals live until it returns (the scaled query through both matmuls, as the
+    H200's traces of T5 and Llama show) and are destroyed in the reverse order of their
+    making; then the dispatcher drops the second output and its converted mask."""
     origin = query.dtype
+    converted = None
     if attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = _additive(attn_mask, origin)
+        attn_mask = converted = _additive(attn_mask, origin)
+    query_acc, key_acc, value_acc = query, key, value
     if origin in _HALF and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():
-        query, key, value = (t.float() if t.dtype in _HALF else t for t in (query, key, value))
+        query_acc, key_acc, value_acc = (t.float() if t.dtype in _HALF else t for t in (query, key, value))
     negative = scale is not None and scale < 0
-    factor = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(query.size(-1)))
-    q = query * (-factor if negative else factor)
+    factor = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(query_acc.size(-1)))
+    q = query_acc * (-factor if negative else factor)
     if is_causal:
-        causal = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+        causal = torch.ones(query_acc.size(-2), key_acc.size(-2), dtype=torch.bool, device=query.device).tril()
         attn_mask = _additive(causal, q.dtype)
         del causal
-    if enable_gqa and query.dim() >= 3 and key.size(-3) != query.size(-3):
-        repeat = query.size(-3) // key.size(-3)
-        key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
-    attn = torch.matmul(q, key.transpose(-2, -1) * factor)
-    del q
+    key_expanded, value_expanded = key_acc, value_acc
+    if enable_gqa and query_acc.dim() >= 3 and key_acc.size(-3) != query_acc.size(-3):
+        repeat = query_acc.size(-3) // key_acc.size(-3)
+        key_expanded, value_expanded = key_acc.repeat_interleave(repeat, -3), value_acc.repeat_interleave(repeat, -3)
+    attn = torch.matmul(q, key_expanded.transpose(-2, -1) * factor)
     if attn_mask is not None:
         attn.add_(attn_mask)
     attn = aten._safe_softmax(attn, -1)
     if dropout_p > 0.0:
-        attn = torch.dropout(attn, dropout_p, True)
+        # at::dropout on a CUDA tensor is native_dropout (is_fused_kernel_acceptable)
+        attn = aten.native_dropout(attn, dropout_p, True)[0]
     second = attn.to(origin)            # the kernel's second output; C++ makes it first
-    out = torch.matmul(attn, value).to(origin)
-    del second
+    out = torch.matmul(attn, value_expanded).to(origin)
+    del attn                            # the kernel's locals, last made first
+    del key_expanded, value_expanded
+    del q
+    del attn_mask
+    del value_acc, key_acc, query_acc
+    del second                          # the dispatcher drops the second output,
+    del converted                       # then its converted mask
     return out
 
 
