@@ -138,8 +138,13 @@ class AllocatorSource:
         by_index = {i: m.seq for i, m in enumerate(run.marks)}
         phase_samples = [Sample(by_index.get(i, 0) - 1, a, r) for i, a, r in self.samples]
         run.meta["phase_samples"] = [s.__dict__ for s in phase_samples]
-        for o in run.ooms:
-            mark = run.mark_at(o.seq)
+        tagged = _mark_per_oom(run)
+        for i, o in enumerate(run.ooms):
+            # the mark in force when the request was refused: the allocator's user metadata
+            # says it; the event index alone would also take the marks the exception made
+            # while it unwound (a forward's end), which share the OOM's index
+            index = tagged.get(i)
+            mark = run.marks[index] if index is not None and index < len(run.marks) else run.mark_at(o.seq)
             if mark is not None:
                 o.phase, o.step, o.module = mark.phase, mark.step, mark.module
             if message:
@@ -242,6 +247,17 @@ def _mark_per_block(run: Run) -> dict[int, tuple[int, str | None]]:
         if meta.startswith(_PREFIX):
             index, _, module = meta[len(_PREFIX):].partition(":")
             out[block_id] = (int(index), module or None)
+    return out
+
+
+def _mark_per_oom(run: Run) -> dict[int, int]:
+    """OOM index -> the mark index in the allocator's user metadata when it was refused."""
+    out: dict[int, int] = {}
+    for i, meta in run.meta.get("snapshot", {}).get("oom_context", []):
+        if isinstance(meta, str) and meta.startswith(_PREFIX):
+            index = meta[len(_PREFIX):].partition(":")[0]
+            if index.isdigit():
+                out[i] = int(index)
     return out
 
 

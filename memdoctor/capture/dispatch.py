@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_leaves
 
 from memdoctor.run import Category, Phase
 from memdoctor.capture.frames import UserFrames
+from memdoctor.capture.oomlog import requested_bytes
 from memdoctor.capture.recorder import Recorder, log
 
 try:
@@ -87,7 +88,11 @@ class DispatchSource(TorchDispatchMode):
                 super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **kwargs) if kwargs else func(*args)
+        try:
+            out = func(*args, **kwargs) if kwargs else func(*args)
+        except torch.OutOfMemoryError as exc:      # the GPU's own, under a capped allocator
+            self._real_oom(exc)
+            raise
         if self.broken:
             return out
         try:
@@ -168,6 +173,18 @@ class DispatchSource(TorchDispatchMode):
                     ids.append(entry.block.id)
         if ids:
             self._zeroed.setdefault(self._frames.here(4), set()).update(ids)
+
+    def _real_oom(self, exc: BaseException) -> None:
+        """Record a real OOM where it happened: once it unwinds, the forward it broke has
+        ended and the phase in force is no longer the one that ran out."""
+        try:
+            message = str(exc).strip()
+            rec = self.recorder
+            if not self.broken and rec.active and not any(o.message == message for o in rec.run.ooms):
+                rec.record_oom(requested_bytes(message), message, simulated=False)
+                self._oom_source()
+        except Exception as err:        # memdoctor's failure must not change the OOM
+            log.warning("memdoctor: the OOM was not recorded where it happened: %r", err)
 
     def _oom_source(self) -> None:
         """The simulated budget just recorded an OOM: note the user's line that asked."""

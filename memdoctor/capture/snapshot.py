@@ -394,6 +394,7 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
     steps: list[tuple[int, int, int]] = []   # (seq, reserved change, live change) so far
     early: list[Block] = []             # allocated before the trace began
     context: list[list] = []            # [block id, compile_context, user_metadata]
+    oom_tags: list[list] = []           # [OOM index, user_metadata] in force when it was refused
     names: dict[int, tuple[str, int]] = {}   # id(frames list) -> (name, source); torch shares one list per stack
     sources: list[list] = []            # the user's lines (Run.sources)
     table = SourceTable(sources)
@@ -454,6 +455,9 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
             if size is not None:
                 _int(size, "OOM size")
             frames = e.get("frames")
+            tag = e.get("user_metadata")
+            if type(tag) is str and tag:
+                oom_tags.append([len(ooms), tag])
             ooms.append(OOM(len(actions), size, _oom_message(size, e.get("device_free"), device),
                             live_bytes=running,
                             source=snapshot_source(table, frames) if type(frames) is list else -1))
@@ -541,6 +545,8 @@ def _convert(snapshot: dict, trace: list, segments: list, device: int) -> Run:
         meta["time_us"] = [_plain(trace[0]["time_us"], 0), _plain(trace[-1].get("time_us"), 0)]
     if context:
         meta["block_context"] = context
+    if oom_tags:
+        meta["oom_context"] = oom_tags
     annotations = [a for a in snapshot.get("external_annotations") or ()
                    if not isinstance(a, dict) or a.get("device", device) == device]
     if annotations:
