@@ -18,6 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from memdoctor.predict.cuda_dropout import cuda_dropout
+
 aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -50,7 +52,7 @@ def math_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is
         attn.add_(attn_mask)
     attn = aten._safe_softmax(attn, -1)
     if dropout_p > 0.0:
-        attn = torch.dropout(attn, dropout_p, True)
+        attn = cuda_dropout(attn, dropout_p, True)
     second = attn.to(origin)            # the kernel's second output; C++ makes it first
     out = torch.matmul(attn, value).to(origin)
     del second
