@@ -656,7 +656,7 @@ _ACCURACY_H200 = Path(__file__).resolve().parent.parent / "benchmarks/results/es
 @pytest.mark.parametrize("cid", ["gpt2-124m/bf16/b8", "gpt2-124m/fp32/b8", "gpt2-124m/ckpt/b8"])
 def test_the_cpu_standin_estimates_what_the_h200_measured(cid):
     # an H200 measured these in fresh processes; without a GPU the estimate runs
-    # CUDA's attention kernels and autocast's cross-entropy as CUDA does (cuda.cpu_standin)
+    # CUDA's attention kernels, dropout and autocast's casts as CUDA does (predict.cpu_standin)
     from memdoctor.predict.models import get, make_optimizer
     measured = {r["id"]: r for r in json.loads(_ACCURACY_H200.read_text())["configs"]}[cid]
     name, mode, b = cid.split("/")
@@ -689,13 +689,15 @@ def test_the_cpu_standin_runs_cudas_attention_and_cross_entropy():
 
 def test_the_standins_functions_are_torchs_own_again_afterwards():
     from memdoctor.predict.cpu_standin import cuda_kernels
-    before = (F.scaled_dot_product_attention, F.cross_entropy)
+    before = (F.scaled_dot_product_attention, F.dropout, torch.clear_autocast_cache)
     with cuda_kernels():
         swapped = F.scaled_dot_product_attention
         with cuda_kernels():
             assert F.scaled_dot_product_attention is swapped
         assert F.scaled_dot_product_attention is swapped
-        # outside autocast, cross-entropy stays torch's: same numbers
-        x, t = torch.randn(8, 5), torch.randint(0, 5, (8,))
-        assert torch.equal(F.cross_entropy(x, t), before[1](x, t))
-    assert (F.scaled_dot_product_attention, F.cross_entropy) == before
+        # outside training, dropout stays torch's: same numbers
+        x = torch.randn(8, 5)
+        assert torch.equal(F.dropout(x, 0.5, training=False), before[1](x, 0.5, training=False))
+    assert (F.scaled_dot_product_attention, F.dropout, torch.clear_autocast_cache) == before
+    with torch.autocast("cpu", dtype=torch.bfloat16):      # CPU autocast's own rules again
+        assert torch.softmax(x.to(torch.bfloat16), -1).dtype == torch.bfloat16

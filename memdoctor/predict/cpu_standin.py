@@ -10,13 +10,15 @@ fake tensors.
   whose outputs, saved tensors and scratch
   (memdoctor.cuda.kernel_scratch) are CUDA's, with a boolean mask made additive as the
   dispatcher makes it.
-- cross_entropy under autocast: CPU autocast runs log_softmax in fp32; CUDA autocast runs it
-  in the input's dtype and casts to fp32 for nll_loss (the H200's op log: `_log_softmax`
-  bf16 -> fp32 copy -> `nll_loss_forward` fp32), so logits cost half as much.
+- dropout: the fused `native_dropout` CUDA runs (a boolean mask saved), where the CPU
+  saves a noise tensor of the input's dtype (memdoctor.predict.cuda_dropout).
+- autocast: CUDA autocast's casting rules instead of the CPU's (memdoctor.predict.
+  cuda_autocast: softmax, layer norm, pow, the losses in fp32; cross_entropy's
+  log_softmax in the logits' dtype, cast to fp32 for nll_loss; cat without copies).
 
-`cuda_kernels()` swaps both into torch.nn.functional while the fake step runs: a function
-mode would not see checkpoint's recompute in backward, which would then save other tensors
-than the forward did.
+`cuda_kernels()` swaps attention and dropout into torch.nn.functional while the fake step
+runs: a function mode would not see checkpoint's recompute in backward, which would then save
+other tensors than the forward did.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from memdoctor.predict.cuda_autocast import cuda_autocast
+from memdoctor.predict.cuda_dropout import fused
 from memdoctor.predict.math_attention import math_attention
 
 aten = torch.ops.aten
@@ -33,9 +37,9 @@ _HALF = (torch.float16, torch.bfloat16)
 NOTE = (
     "this torch has no CUDA, so the step ran on fake CPU tensors standing in for CUDA ones; attention runs "
     "the kernel CUDA's dispatcher picks (memdoctor.cuda.sdpa_backend, as on an H100/H200 with torch 2.11), "
-    "autocast's cross-entropy runs as on CUDA and nn.LSTM/GRU/RNN as cuDNN's fused kernel; what still "
-    "differs: other autocast ops (CPU autocast's op lists differ from CUDA's), batch norm (CUDA uses cuDNN "
-    "and saves an extra reserve buffer), cuDNN's convolution and RNN workspaces (measured only on a GPU), "
+    "autocast casts as CUDA autocast does, dropout and nn.LSTM/GRU/RNN run CUDA's fused kernels; what "
+    "still differs: batch norm (CUDA uses cuDNN and saves an extra reserve buffer), cuDNN's convolution "
+    "and RNN workspaces (measured only on a GPU), "
     "optimizer step counters (on the CPU on a GPU too, left out here), fused optimizer kernels (CPU has "
     "fewer). Against an H200, transformers without attention masks estimate to the MiB here "
     "(benchmarks/results/estimate_accuracy_cpu2_2026-11-30.json)")
@@ -130,21 +134,11 @@ def _aligned_mask(mask, alignment: int = 16):
     return F.pad(mask, (0, pad))[..., :last]
 
 
-def cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
-                             reduction="mean", label_smoothing=0.0):
-    """F.cross_entropy as CUDA autocast runs it, or None outside autocast or for the cases
-    it decomposes otherwise (class probabilities, label smoothing, legacy arguments)."""
-    if not torch.is_autocast_enabled("cpu") or not isinstance(input, torch.Tensor):
+def dropout_as_on_cuda(input, p=0.5, training=True, inplace=False):
+    """F.dropout as CUDA runs it (the fused kernel), or None where CUDA runs what the CPU runs."""
+    if inplace or not fused(input, p, training):
         return None
-    if label_smoothing or size_average is not None or reduce is not None or input.dtype not in _HALF:
-        return None
-    if not isinstance(target, torch.Tensor) or target.is_floating_point():
-        return None
-    dim = 1 if input.dim() >= 2 else 0
-    with torch.autocast("cpu", enabled=False):
-        logp = torch.log_softmax(input, dim)
-        w = weight.float() if isinstance(weight, torch.Tensor) else weight
-        return F.nll_loss(logp.float(), target, w, ignore_index=ignore_index, reduction=reduction)
+    return aten.native_dropout(input, p, True)[0]
 
 
 def standing_in_for_cuda() -> bool:
@@ -154,9 +148,9 @@ def standing_in_for_cuda() -> bool:
 
 @contextlib.contextmanager
 def cuda_kernels():
-    """torch.nn.functional's attention and cross-entropy the CUDA way, until the block ends
-    (entered again inside, it changes nothing)."""
-    attention0, cross_entropy0 = F.scaled_dot_product_attention, F.cross_entropy
+    """torch.nn.functional's attention and dropout, and autocast's casts, the CUDA way, until
+    the block ends (entered again inside, it changes nothing)."""
+    attention0, dropout0 = F.scaled_dot_product_attention, F.dropout
     if getattr(attention0, "cuda_way", False):
         yield
         return
@@ -165,13 +159,14 @@ def cuda_kernels():
         out = attention_as_on_cuda(*args, **kwargs)
         return attention0(*args, **kwargs) if out is None else out
 
-    def cross_entropy(*args, **kwargs):
-        out = cross_entropy_as_on_cuda(*args, **kwargs)
-        return cross_entropy0(*args, **kwargs) if out is None else out
+    def dropout(*args, **kwargs):
+        out = dropout_as_on_cuda(*args, **kwargs)
+        return dropout0(*args, **kwargs) if out is None else out
 
-    attention.cuda_way = cross_entropy.cuda_way = True
-    F.scaled_dot_product_attention, F.cross_entropy = attention, cross_entropy
+    attention.cuda_way = dropout.cuda_way = True
+    F.scaled_dot_product_attention, F.dropout = attention, dropout
     try:
-        yield
+        with cuda_autocast():
+            yield
     finally:
-        F.scaled_dot_product_attention, F.cross_entropy = attention0, cross_entropy0
+        F.scaled_dot_product_attention, F.dropout = attention0, dropout0

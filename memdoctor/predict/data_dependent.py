@@ -60,6 +60,11 @@ _INTERNAL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.d
 # ops whose output values do not depend on their tensor inputs' values (only on their shapes)
 _VALUE_FREE = {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones", "new_full",
                "new_empty", "new_empty_strided", "rand_like", "randn_like", "randint_like"}
+# random draws of floating values: unknown during the step, so that a branch on one (LayerDrop's
+# `torch.rand([]) < layerdrop`, stochastic depth) takes the path that runs the layer, not the
+# luck of this process's CPU generator
+_RANDOM_DRAWS = {"rand", "randn", "rand_like", "randn_like", "normal", "uniform", "bernoulli", "exponential",
+                 "cauchy", "log_normal", "geometric"}
 # fake kernels stricter than the real ones: run on stand-ins of this dtype for the shape
 _DTYPE_STAND_INS = {"_grouped_mm": torch.bfloat16}
 
@@ -159,6 +164,8 @@ class DataDependent(TorchDispatchMode):
         known = self._all_known(args, kwargs)
         if not known and name in _VALUE_FREE:          # only the shapes matter: zeros stand in
             known = True
+        if known and self.noting and name in _RANDOM_DRAWS:
+            known = False
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
@@ -308,7 +315,8 @@ class DataDependent(TorchDispatchMode):
             dtype = tensors[0].dtype if tensors else torch.bool
             where = _where()
             self._note(f"scalar:{where}", f"a value read at {where} (aten.{name}: .item(), bool(), a "
-                       "comparison) depends on weights or activations, which the estimate does not have: taken as "
+                       "comparison) depends on weights, activations or random draws, which the estimate does not "
+                       "have: taken as "
                        "0 / False, the branch with nothing unusual")
             if name != "_local_scalar_dense" or dtype == torch.bool:
                 return False

@@ -18,6 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from memdoctor.predict.cuda_dropout import cuda_dropout
+
 aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -56,8 +58,7 @@ def math_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is
         attn.add_(attn_mask)
     attn = aten._safe_softmax(attn, -1)
     if dropout_p > 0.0:
-        # at::dropout on a CUDA tensor is native_dropout (is_fused_kernel_acceptable)
-        attn = aten.native_dropout(attn, dropout_p, True)[0]
+        attn = cuda_dropout(attn, dropout_p, True)      # at::dropout on a CUDA tensor: native_dropout
     second = attn.to(origin)            # the kernel's second output; C++ makes it first
     out = torch.matmul(attn, value_expanded).to(origin)
     del attn                            # the kernel's locals, last made first
