@@ -1,10 +1,10 @@
 """Real code on CUDA: the own real-world cases (tests/realworld/cases.json) and the shared
 ones (../shared/realworld/cases.json) that carry a CUDA budget, diagnosed on a GPU with the
 allocator source (the default) and with the dispatch source; the first finding must be the
-case's cause under both. A CPU budget is no CUDA budget: the allocator source counts what
-the caching allocator reserves, cuBLAS's workspaces included, and runs out earlier
-(benchmarks/results/realworld_gpu_h200_2026-12-01.json: 7 own cases under their CPU
-budgets). And nanoGPT unmodified (GPT-2 124M, bf16, batch 64) under 24 GiB: its first
+case's cause under both. A CPU budget is no CUDA budget: the caching allocator, capped at the budget under
+either source, reserves cuBLAS's workspaces and rounds every block, so a case runs out
+earlier than on the CPU (benchmarks/realworld_cuda_budgets.py found each case's CUDA budget:
+benchmarks/results/realworld_cuda_budgets_h200_2026-12-02.json). And nanoGPT unmodified (GPT-2 124M, bf16, batch 64) under 24 GiB: its first
 evaluation's logits, never evaluation without no_grad (`estimate_loss` is under
 @torch.no_grad())."""
 import json

@@ -7,7 +7,8 @@ out of memory. The first finding must be the cause, and no finding in `absent` m
 Case fields: name, codebase (where the code comes from, commit and license), dir
 ("shared:PATH" under ../shared, or "own:PATH" beside this file), prepare (a script and its
 arguments, found in the copy or beside this file, run in the copy), patch (exact one-time
-replacements in the copy), script, args, budget per device kind, requires (modules),
+replacements in the copy), script, args, budget per device kind (cuda: why a case has
+none for CUDA), requires (modules),
 cause, line (where the cause is one line of the script: text the first finding's source
 line must hold, any of them), absent, why.
 """
