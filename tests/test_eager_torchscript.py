@@ -1,8 +1,9 @@
 """TorchScript functions in a model (transformers' DeBERTa-v2 scripts its relative-position
 buckets) run as fused kernels once profiled, and a fused kernel reads its inputs' memory:
 on fake tensors there is none (an illegal memory access on a GPU, a crash on the CPU).
-memdoctor.predict.eager_libraries.eager() runs them op by op on fake tensors, also after
-real runs earlier in the process cached a fused plan. The CPU's TorchScript fuser is turned
+memdoctor.predict.eager_libraries.eager() runs the Python functions they were scripted from
+instead, op by op on fake tensors, also after real runs earlier in the process cached a
+fused plan. The CPU's TorchScript fuser is turned
 on here (its interpreter backend) to make the fused kernel run as it does on a GPU; each
 case runs in a subprocess because the unprotected one crashes."""
 import os
@@ -35,6 +36,8 @@ SCRIPT = textwrap.dedent("""
         with (eager() if protect else contextlib.nullcontext()):
             for _ in range(4):
                 out = bucket(torch.empty(20, 30), 128)
+            print("inside", type(bucket).__name__)
+    print("after", type(bucket).__name__)
     print("shape", tuple(out.shape), type(out).__name__)
     if real_first:      # real runs after the estimate fuse again and give the same values
         again = bucket(torch.linspace(-300, 300, 600).reshape(20, 30), 128)
@@ -54,6 +57,8 @@ def test_scripted_functions_run_op_by_op_on_fake_tensors(tmp_path, history):
     proc = _run(tmp_path, "eager", history)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "shape (20, 30) FakeTensor" in proc.stdout
+    # the Python function it was scripted from runs inside, the scripted one again after
+    assert "inside function" in proc.stdout and "after ScriptFunction" in proc.stdout
     if history == "real-first":
         assert "same True" in proc.stdout
 

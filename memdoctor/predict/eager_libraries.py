@@ -8,11 +8,14 @@ enable_gqa=True), so the fake step would run other attention kernels than the GP
 While `eager()` is active that check says no for fake tensors; the values it then reads
 come from memdoctor.predict.data_dependent (known, or assumed and noted).
 
-TorchScript functions (transformers' DeBERTa-v2 scripts its relative-position buckets)
-run, once profiled, as fused kernels that read their inputs' memory directly: on fake
-tensors that memory does not exist, and a GPU reports an illegal memory access. While
-`eager()` is active TorchScript runs unoptimized, one ATen op at a time, which fake
-tensors handle; the memory is the same but for the fused kernel's temporaries.
+TorchScript functions (transformers' DeBERTa-v2 up to 5.17 scripts its relative-position
+buckets) run, once profiled, as fused kernels that read their inputs' memory directly: on
+fake tensors that memory does not exist, and a GPU reports an illegal memory access (the
+H200 did, for DeBERTa-v2 in bf16, after real steps in the same process). While `eager()` is
+active a module's scripted functions are replaced by the Python functions they were
+scripted from (torch keeps them as `_torchdynamo_inline`), so their ops run one at a time
+on any thread, backward's included; the rest of TorchScript runs unoptimized and unfused.
+The memory is the same but for a fused kernel's temporaries.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ class _Eager:
     def refresh(self) -> None:
         """Patch the libraries imported since (a build imports them inside the estimate)."""
         _flush_torchscript_plans()
+        self._unscript()
         utils = sys.modules.get("transformers.utils.import_utils")
         if utils is not None and getattr(utils, "is_fake_tensor", None) is not None \
                 and not getattr(utils.is_fake_tensor, "_memdoctor_eager", False):
@@ -43,6 +47,22 @@ class _Eager:
             is_fake_tensor._memdoctor_eager = True
             utils.is_fake_tensor = is_fake_tensor
             self.undo.append(lambda: setattr(utils, "is_fake_tensor", original))
+
+    def _unscript(self) -> None:
+        """Each module-level scripted function of a loaded library, as its Python original."""
+        script_function = torch.jit.ScriptFunction
+        for module in list(sys.modules.values()):
+            try:
+                names = vars(module)
+            except TypeError:
+                continue
+            for name, value in list(names.items()):
+                if type(value) is not script_function:     # never the value's own __class__
+                    continue
+                original = getattr(value, "_torchdynamo_inline", None)
+                if callable(original):
+                    names[name] = original
+                    self.undo.append(lambda names=names, name=name, value=value: names.__setitem__(name, value))
 
     def restore(self) -> None:
         while self.undo:
