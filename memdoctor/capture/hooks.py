@@ -17,6 +17,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from memdoctor.run import Category, Phase
+from memdoctor.capture.frames import first_user_frame
+from memdoctor.capture.keepers import Held
 from memdoctor.capture.recorder import Recorder, log
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
@@ -60,6 +62,13 @@ def guarded(method):
 STAMP_DEPTH = 3     # allocator source: modules this deep (model, its parts, their blocks) tag blocks
 
 
+class _Undo:
+    """A removal in the hooks' handle list, for what is no torch hook."""
+
+    def __init__(self, undo):
+        self.remove = undo
+
+
 class OwnershipHooks:
     """`light`: no global module hooks, no saved-tensor or per-parameter hooks; the models'
     outermost calls are hooked on the models themselves (found by a global pre-hook that is
@@ -92,6 +101,8 @@ class OwnershipHooks:
         self._saved = None
         self._stepping_aside = False
         self.removed = False
+        # allocator source: (user's line, gradient addresses) of each zero_grad(set_to_none=False)
+        self.zeroing: list[tuple[tuple[str, int, str], list[int]]] = []
 
     def stop_after(self, exc: Exception) -> None:
         """An internal error in a hook: log it once and turn the hook set off."""
@@ -194,11 +205,44 @@ class OwnershipHooks:
         if first:
             self.optimizers[id(optimizer)] = weakref.ref(optimizer)
             self.optimizer_info.append(describe_optimizer(optimizer))
+            if self.rec.claims is not None:
+                self._watch_zero_grad(optimizer)
         if self.rec.claims is not None and not first:
             self._claim_grads(optimizer, weights=False)
             return
         self._claim_grads(optimizer)
         self._claim_state(optimizer)
+
+    def _watch_zero_grad(self, optimizer) -> None:
+        """Under the allocator source no op is seen: gradients zeroed in place (the
+        `zero_grad(set_to_none=False)` that keeps them through the next forward) are told by
+        the optimizer's own zero_grad, wrapped on the instance until the hooks are removed."""
+        original = optimizer.zero_grad
+        hooks = self
+
+        def zero_grad(*args, **kwargs):
+            if not kwargs.get("set_to_none", args[0] if args else True):
+                hooks._note_zeroing(optimizer)
+            return original(*args, **kwargs)
+        optimizer.zero_grad = zero_grad
+        self.handles.append(_Undo(lambda: optimizer.__dict__.pop("zero_grad", None)))
+
+    def _note_zeroing(self, optimizer) -> None:
+        try:
+            line = first_user_frame(sys._getframe(2))
+            if line is None or self.broken:
+                return
+            addresses = [p.grad.untyped_storage().data_ptr() for g in optimizer.param_groups
+                         for p in g["params"] if p.grad is not None]
+            if addresses:
+                self.zeroing.append((line, addresses))
+        except Exception as exc:
+            self.stop_after(exc)
+
+    def zeroed_in_place(self) -> list[Held]:
+        """The lines that zeroed gradients in place, as holders of those gradients."""
+        return [Held(*line, "gradients zeroed in place", [(0, a) for a in addresses])
+                for line, addresses in self.zeroing]
 
     @guarded
     def find_unstepped_optimizers(self) -> None:
