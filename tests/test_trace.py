@@ -515,7 +515,7 @@ def faulty_tracer(monkeypatch, method: str, calls: dict):
     return Faulty
 
 
-@pytest.mark.parametrize("method", ["claim", "add", "_alloc", "mark", "free"])
+@pytest.mark.parametrize("method", ["claim_known", "add", "_alloc", "mark", "free"])
 def test_internal_error_never_alters_training(monkeypatch, method, caplog):
     """A RuntimeError raised inside the Recorder while the hooks and the dispatch mode run
     is swallowed: the loop completes and the parameters are bit-identical to an untraced

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch._ops import OpOverload
 from torch.utils._pytree import tree_leaves
 
-from memdoctor.run import Category, Phase
+from memdoctor.run import Category, Phase, stronger
 from memdoctor.capture.frames import UserFrames
 from memdoctor.capture.recorder import Recorder, log
 
@@ -53,9 +54,10 @@ class DispatchSource(TorchDispatchMode):
         super().__init__()
         self.recorder = recorder
         self._names: dict = {}
-        # id(op) -> (op, its name), for the ops whose output goes the inline way (all but the
+        # id(op) -> (op, its C callable, its name), for the ops whose output goes the inline way (all but the
         # zeroing ones); keyed by id: an OpOverload's hash is a Python method
         self._plain: dict[int, tuple] = {}
+        self._live = recorder.live             # storage key -> its entry (never replaced)
         self.broken = False
         self._frames = UserFrames(recorder.run.sources)
         self._zeroed: dict[int, set[int]] = {}     # source index -> gradient blocks zeroed there
@@ -87,18 +89,34 @@ class DispatchSource(TorchDispatchMode):
                 super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **kwargs) if kwargs else func(*args)
+        # known: (op, the C callable OpOverload.__call__ calls, name) for an op seen before
+        # whose output goes the inline way; calling the callable saves __call__'s Python frame
+        known = self._plain.get(id(func))
+        if known is not None and known[0] is func:
+            out = known[1](*args, **kwargs) if kwargs else known[1](*args)
+        else:
+            known = None
+            out = func(*args, **kwargs) if kwargs else func(*args)
         if self.broken:
             return out
         try:
             # one op's output, a plain tensor, is by far the most common: recorded here inline
-            known = self._plain.get(id(func))
-            if known is not None and known[0] is func and type(out) is Tensor:
+            if known is not None and type(out) is Tensor:
                 rec = self.recorder
                 if (_in_backward() != -1) is not (rec.phase == _BACKWARD):     # entered or left
                     self._follow_backward()
-                block = rec.add_output(out, known[1])
-                if block is not None:       # a new storage: the user's line (here(2): above this method)
+                try:
+                    storage = out.untyped_storage()
+                except Exception:       # no storage of its own: nothing to count
+                    return out
+                entry = self._live.get(storage._cdata)
+                if entry is not None:   # a view, an in-place op: counted already
+                    block = entry.block
+                    if block.category != _TEMP:
+                        block.category = stronger(_TEMP, block.category)
+                    return out
+                block = rec.new_output(out, storage, known[2])
+                if block is not None:   # a new storage: the user's line (here(2): above this method)
                     block.source = self._frames.here(2)
             else:
                 self._record(func, out, args)
@@ -125,7 +143,8 @@ class DispatchSource(TorchDispatchMode):
         if name is None:
             name = self._names[func] = f"aten.{func.overloadpacket.__name__}"
             if name not in _ZEROING:
-                self._plain[id(func)] = (func, name)
+                call = func._op if type(func) is OpOverload else func
+                self._plain[id(func)] = (func, call, name)
         if name in _ZEROING:
             self._note_zeroed(args)
         self._follow_backward()
