@@ -16,8 +16,8 @@ does not depend on the device, so it is measured here.
 
     python benchmarks/dispatch_per_op.py   # a run added to results/dispatch_per_op_<hardware>_<date>.json
 
-With PYTHONPATH naming another checkout (and BENCH_COMMIT its commit), the same script
-measures that checkout's memdoctor: how before and after are compared.
+`--baseline TREE` adds a fourth mode, the dispatch source of the memdoctor checkout at TREE
+(e.g. `git worktree add /tmp/base <commit>`), in the same rounds: before and after, paired.
 """
 from __future__ import annotations
 
@@ -124,8 +124,33 @@ def _skip_dynamo(mode_type) -> None:
         dispatch._set_code_exec_strategy(mode_type.__torch_dispatch__.__code__, dispatch._SKIP_ALL)
 
 
+def baseline_tracer(tree: str):
+    """The Tracer of the memdoctor checkout at `tree` (another commit), loaded beside this
+    one: its modules are imported under the same names, kept by the classes and functions
+    that use them, and taken out of sys.modules again, so both run in one process and a
+    machine shared with other work slows them alike. (The dispatch source imports nothing
+    lazily while it traces; the allocator source would.)"""
+    import importlib
+    ours = {k: v for k, v in sys.modules.items() if k == "memdoctor" or k.startswith("memdoctor.")}
+    for k in ours:
+        del sys.modules[k]
+    sys.path.insert(0, os.path.abspath(tree))
+    try:
+        tracer = importlib.import_module("memdoctor.capture.session").Tracer
+        where = os.path.dirname(sys.modules["memdoctor"].__file__)
+    finally:
+        sys.path.remove(os.path.abspath(tree))
+        for k in [k for k in sys.modules if k == "memdoctor" or k.startswith("memdoctor.")]:
+            del sys.modules[k]
+        sys.modules.update(ours)
+    if not os.path.abspath(where).startswith(os.path.abspath(tree)):
+        raise SystemExit(f"--baseline {tree}: no memdoctor package there")
+    return tracer
+
+
 def measure(args) -> dict:
     from memdoctor.capture.session import Tracer
+    Baseline = baseline_tracer(args.baseline) if args.baseline else None
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = GPT(args.vocab, args.seq, args.n_embd, args.heads, args.layers)
@@ -143,7 +168,9 @@ def measure(args) -> dict:
         "bare_mode": lambda: Bare(),
         "dispatch": lambda: Tracer(models=[model], optimizers=[opt], source="dispatch"),
     }
-    names = [m for m in args.modes if m in modes]
+    if Baseline is not None:
+        modes["dispatch_baseline"] = lambda: Baseline(models=[model], optimizers=[opt], source="dispatch")
+    names = [m for m in args.modes if m in modes] + (["dispatch_baseline"] if Baseline is not None else [])
     cpu = {m: [] for m in names}
     wall = {m: [] for m in names}
     blocks_per_step = None
@@ -184,8 +211,13 @@ def measure(args) -> dict:
     for m in names:
         if m != "plain" and "plain" in med:
             per_op[f"{m}_over_plain_us"] = round(1e6 * (med[m] - med["plain"]) / ops, 2)
-    if "dispatch" in med and "bare_mode" in med:
-        per_op["dispatch_over_bare_us"] = round(1e6 * (med["dispatch"] - med["bare_mode"]) / ops, 2)
+    for m in ("dispatch", "dispatch_baseline"):
+        if m in med and "bare_mode" in med:
+            per_op[f"{m}_over_bare_us"] = round(1e6 * (med[m] - med["bare_mode"]) / ops, 2)
+    if "dispatch_baseline" in med and "plain" in med:
+        result["baseline"] = args.baseline
+        result["dispatch_added_cpu_vs_baseline"] = round(
+            (med["dispatch"] - med["plain"]) / (med["dispatch_baseline"] - med["plain"]), 3)
     result["per_op_cpu"] = per_op
     if "plain" in med:
         result["ratio_cpu"] = {m: round(med[m] / med["plain"], 3) for m in names}
@@ -220,6 +252,8 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--modes", nargs="+", default=["plain", "bare_mode", "dispatch"])
     p.add_argument("--out", help="output folder (default benchmarks/results)")
+    p.add_argument("--baseline", metavar="TREE",
+                   help="another memdoctor checkout, measured as a fourth mode in the same rounds")
     p.add_argument("--label", help="what this run measures (\"before\", \"after\"), kept in the result")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)

@@ -53,7 +53,7 @@ class DispatchSource(TorchDispatchMode):
     def __init__(self, recorder: Recorder):
         super().__init__()
         self.recorder = recorder
-        self._names: dict = {}
+        self._names: dict[int, tuple] = {}     # id(op) -> (op, its name)
         # id(op) -> (op, its C callable, its name), for the ops whose output goes the inline way (all but the
         # zeroing ones); keyed by id: an OpOverload's hash is a Python method
         self._plain: dict[int, tuple] = {}
@@ -139,9 +139,12 @@ class DispatchSource(TorchDispatchMode):
 
     def _record(self, func, out, args) -> None:
         rec = self.recorder
-        name = self._names.get(func)
-        if name is None:
-            name = self._names[func] = f"aten.{func.overloadpacket.__name__}"
+        known = self._names.get(id(func))     # by id: an OpOverload's hash is a Python method
+        if known is not None and known[0] is func:
+            name = known[1]
+        else:
+            name = f"aten.{func.overloadpacket.__name__}"
+            self._names[id(func)] = (func, name)
             if name not in _ZEROING:
                 call = func._op if type(func) is OpOverload else func
                 self._plain[id(func)] = (func, call, name)
@@ -157,15 +160,31 @@ class DispatchSource(TorchDispatchMode):
                 block.source = self._frames.here(3)
         elif isinstance(out, _SEQUENCES):     # (out, mean, rstd), a list of chunks, ...
             source = None
+            live = self._live
             for t in out:
-                if isinstance(t, Tensor):
+                if type(t) is Tensor:       # `rec.add` inline for the plain tensor
+                    try:
+                        storage = t.untyped_storage()
+                    except Exception:       # no storage of its own: nothing to count
+                        continue
+                    entry = live.get(storage._cdata)
+                    if entry is not None:
+                        block = entry.block
+                        if block.category != _TEMP:
+                            block.category = stronger(_TEMP, block.category)
+                        continue
+                    block = rec.new_output(t, storage, name)
+                elif isinstance(t, Tensor):
                     block = rec.add(t, name, _TEMP)
-                    if block is not None and block.alloc_seq >= seq:
-                        if source is None:
-                            source = self._frames.here(3)
-                        block.source = source
-                elif isinstance(t, _SEQUENCES):
-                    self._record_leaves(name, t, seq)
+                    if block is None or block.alloc_seq < seq:
+                        continue
+                else:
+                    if isinstance(t, _SEQUENCES):
+                        self._record_leaves(name, t, seq)
+                    continue
+                if source is None:
+                    source = self._frames.here(3)
+                block.source = source
         elif out is not None and not isinstance(out, _SCALARS):
             self._record_leaves(name, out, seq)
 

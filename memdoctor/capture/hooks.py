@@ -478,12 +478,20 @@ class OwnershipHooks:
             self.stop_after(exc)
         return tensor
 
-    @guarded
     def _grad_ready(self, param, name: str):
-        """`name`: the gradient's, "<parameter>.grad"."""
-        grad = param.grad
-        if grad is not None:
-            self.rec.claim_known(grad, _GRADIENTS, name)
+        """`name`: the gradient's, "<parameter>.grad". Runs for every parameter every
+        backward: guarded here as `guarded` would, without its frame."""
+        if self.broken:
+            return None
+        try:
+            grad = param.grad
+            if grad is not None:
+                self.rec.claim_known(grad, _GRADIENTS, name)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            self.stop_after(exc)
+        return None
 
     # ---- optimizer ------------------------------------------------------------------
     @guarded
