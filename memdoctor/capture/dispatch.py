@@ -71,12 +71,16 @@ class DispatchSource(TorchDispatchMode):
             super().__exit__(None, None, None)
             raise
         self._pushed = True
+        self._quick_rules = _use_quick_rule_lookup()
         return out
 
     def __exit__(self, *exc):
         """Stop watching resizes and pop the mode, each whatever the other does; called
         again after a failure, it does what is left (the mode is popped once)."""
         try:
+            if getattr(self, "_quick_rules", False):
+                self._quick_rules = False
+                _drop_quick_rule_lookup()
             _unwatch_resizes(self.recorder)
             if self._zeroed:
                 zeroed, self._zeroed = self._zeroed, {}
@@ -263,3 +267,53 @@ def _unwatch_resizes(rec: Recorder) -> None:
         if torch.UntypedStorage.__dict__.get("resize_") is _traced_resize:
             del torch.UntypedStorage.resize_     # the C method of StorageBase shows through again
         _original_resize = None
+
+
+# ---- the rule lookup torch makes for every op under a mode ------------------------------
+# For every op it hands to a Python mode, torch's C++ first asks
+# torch._library.simple_registry.find_torch_dispatch_rule (looked up by name at each call)
+# for a rule registered for the mode's class: three Python calls an op. While a trace runs
+# the same answer is read from the same registry in one call (the registry's dicts as they
+# are at that moment, so a rule registered meanwhile is found); torch's function is put
+# back by the last trace to end. A registry of another shape is left alone.
+_quick_rule_users = 0
+_original_rule_lookup = None
+
+
+def _rule_registry():
+    """torch's registry module, if it has the shape read below; else None."""
+    try:
+        from torch._library import simple_registry
+        holder = simple_registry.GenericTorchDispatchRuleHolder
+        if type(simple_registry.singleton._data) is dict and callable(simple_registry.find_torch_dispatch_rule) \
+                and "_data" in holder.__init__.__code__.co_names and "_data" in holder.find.__code__.co_names:
+            return simple_registry
+    except Exception:
+        pass
+    return None
+
+
+def _use_quick_rule_lookup() -> bool:
+    global _quick_rule_users, _original_rule_lookup
+    module = _rule_registry()
+    if module is None:
+        return False
+    if _quick_rule_users == 0:
+        registry = module.singleton
+
+        def find_torch_dispatch_rule(op, torch_dispatch_class):
+            entry = registry._data.get(op.__qualname__)
+            return None if entry is None else entry.torch_dispatch_rules._data.get(torch_dispatch_class)
+        _original_rule_lookup = module.find_torch_dispatch_rule
+        module.find_torch_dispatch_rule = find_torch_dispatch_rule
+    _quick_rule_users += 1
+    return True
+
+
+def _drop_quick_rule_lookup() -> None:
+    global _quick_rule_users, _original_rule_lookup
+    _quick_rule_users -= 1
+    if _quick_rule_users == 0 and _original_rule_lookup is not None:
+        from torch._library import simple_registry
+        simple_registry.find_torch_dispatch_rule = _original_rule_lookup
+        _original_rule_lookup = None
