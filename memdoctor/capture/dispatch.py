@@ -36,6 +36,7 @@ _BACKWARD = Phase.BACKWARD.value
 # flattened.
 _SEQUENCES = (tuple, list)
 _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat)
+_SCALAR_TYPES = frozenset(_SCALARS)
 Tensor = torch.Tensor
 # `zero_grad(set_to_none=False)` zeroes gradients in place: the line that keeps them allocated
 _ZEROING = frozenset({"aten.zero_", "aten._foreach_zero_"})
@@ -104,8 +105,16 @@ class DispatchSource(TorchDispatchMode):
         if self.broken:
             return out
         try:
-            # one op's output, a plain tensor, is by far the most common: recorded here inline
-            if known is not None and type(out) is Tensor:
+            if known is None:
+                self._record(func, out, args)
+            elif type(out) is not Tensor:
+                if out is None or type(out) in _SCALAR_TYPES:     # .item(), an in-place foreach op
+                    rec = self.recorder     # nothing to count: only where the run is, as `_record` would
+                    if (_in_backward() != -1) is not (rec.phase == _BACKWARD):
+                        self._follow_backward()
+                else:
+                    self._record(func, out, args)
+            else:       # one op's output, a plain tensor, by far the most common: recorded inline
                 rec = self.recorder
                 if (_in_backward() != -1) is not (rec.phase == _BACKWARD):     # entered or left
                     self._follow_backward()
@@ -122,8 +131,6 @@ class DispatchSource(TorchDispatchMode):
                 block = rec.new_output(out, storage, known[2])
                 if block is not None:   # a new storage: the user's line (here(2): above this method)
                     block.source = self._frames.here(2)
-            else:
-                self._record(func, out, args)
         except torch.OutOfMemoryError:
             self._oom_source()
             raise
