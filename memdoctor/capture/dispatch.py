@@ -65,26 +65,15 @@ class DispatchSource(TorchDispatchMode):
         self._zeroed: dict[int, set[int]] = {}     # source index -> gradient blocks zeroed there
 
     def __enter__(self):
-        """Push the mode and watch resizes, both or neither (and the quicker rule lookup
-        if it can be had)."""
+        """Push the mode and watch resizes, both or neither."""
         out = super().__enter__()
-        watching = False
         try:
             _watch_resizes(self.recorder)
-            watching = True
-            try:
-                self._quick_rules = _use_quick_rule_lookup()
-            except Exception as exc:    # a speed-up only: tracing goes on without it
-                self._quick_rules = False
-                log.warning("memdoctor: torch's dispatch-rule lookup kept as it is: %r", exc)
-        except BaseException:           # an interrupt: undo what was done, then let it through
-            try:
-                if watching:
-                    _unwatch_resizes(self.recorder)
-            finally:
-                super().__exit__(None, None, None)
+        except BaseException:
+            super().__exit__(None, None, None)
             raise
         self._pushed = True
+        self._quick_rules = _use_quick_rule_lookup()
         return out
 
     def __exit__(self, *exc):
