@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch._ops import OpOverload
 from torch.utils._pytree import tree_leaves
 
-from memdoctor.run import Category, Phase, stronger
+from memdoctor.run import Category, Phase
 from memdoctor.capture.frames import UserFrames
 from memdoctor.capture.oomlog import requested_bytes
 from memdoctor.capture.recorder import Recorder, log
@@ -37,7 +36,6 @@ _BACKWARD = Phase.BACKWARD.value
 # flattened.
 _SEQUENCES = (tuple, list)
 _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat)
-_SCALAR_TYPES = frozenset(_SCALARS)
 Tensor = torch.Tensor
 # `zero_grad(set_to_none=False)` zeroes gradients in place: the line that keeps them allocated
 _ZEROING = frozenset({"aten.zero_", "aten._foreach_zero_"})
@@ -55,11 +53,10 @@ class DispatchSource(TorchDispatchMode):
     def __init__(self, recorder: Recorder):
         super().__init__()
         self.recorder = recorder
-        self._names: dict[int, tuple] = {}     # id(op) -> (op, its name)
-        # id(op) -> (op, its C callable, its name), for the ops whose output goes the inline way (all but the
+        self._names: dict = {}
+        # id(op) -> (op, its name), for the ops whose output goes the inline way (all but the
         # zeroing ones); keyed by id: an OpOverload's hash is a Python method
         self._plain: dict[int, tuple] = {}
-        self._live = recorder.live             # storage key -> its entry (never replaced)
         self.broken = False
         self._frames = UserFrames(recorder.run.sources)
         self._zeroed: dict[int, set[int]] = {}     # source index -> gradient blocks zeroed there
@@ -73,16 +70,12 @@ class DispatchSource(TorchDispatchMode):
             super().__exit__(None, None, None)
             raise
         self._pushed = True
-        self._quick_rules = _use_quick_rule_lookup()
         return out
 
     def __exit__(self, *exc):
         """Stop watching resizes and pop the mode, each whatever the other does; called
         again after a failure, it does what is left (the mode is popped once)."""
         try:
-            if getattr(self, "_quick_rules", False):
-                self._quick_rules = False
-                _drop_quick_rule_lookup()
             _unwatch_resizes(self.recorder)
             if self._zeroed:
                 zeroed, self._zeroed = self._zeroed, {}
@@ -95,47 +88,25 @@ class DispatchSource(TorchDispatchMode):
                 super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # known: (op, the C callable OpOverload.__call__ calls, name) for an op seen before
-        # whose output goes the inline way; calling the callable saves __call__'s Python frame
-        known = self._plain.get(id(func))
         try:
-            if known is not None and known[0] is func:
-                out = known[1](*args, **kwargs) if kwargs else known[1](*args)
-            else:
-                known = None
-                out = func(*args, **kwargs) if kwargs else func(*args)
+            out = func(*args, **kwargs) if kwargs else func(*args)
         except torch.OutOfMemoryError as exc:      # the GPU's own, under a capped allocator
             self._real_oom(exc)
             raise
         if self.broken:
             return out
         try:
-            if known is None:
-                self._record(func, out, args)
-            elif type(out) is not Tensor:
-                if out is None or type(out) in _SCALAR_TYPES:     # .item(), an in-place foreach op
-                    rec = self.recorder     # nothing to count: only where the run is, as `_record` would
-                    if (_in_backward() != -1) is not (rec.phase == _BACKWARD):
-                        self._follow_backward()
-                else:
-                    self._record(func, out, args)
-            else:       # one op's output, a plain tensor, by far the most common: recorded inline
+            # one op's output, a plain tensor, is by far the most common: recorded here inline
+            known = self._plain.get(id(func))
+            if known is not None and known[0] is func and type(out) is Tensor:
                 rec = self.recorder
                 if (_in_backward() != -1) is not (rec.phase == _BACKWARD):     # entered or left
                     self._follow_backward()
-                try:
-                    storage = out.untyped_storage()
-                except Exception:       # no storage of its own: nothing to count
-                    return out
-                entry = self._live.get(storage._cdata)
-                if entry is not None:   # a view, an in-place op: counted already
-                    block = entry.block
-                    if block.category != _TEMP:
-                        block.category = stronger(_TEMP, block.category)
-                    return out
-                block = rec.new_output(out, storage, known[2])
-                if block is not None:   # a new storage: the user's line (here(2): above this method)
+                block = rec.add_output(out, known[1])
+                if block is not None:       # a new storage: the user's line (here(2): above this method)
                     block.source = self._frames.here(2)
+            else:
+                self._record(func, out, args)
         except torch.OutOfMemoryError:
             self._oom_source()
             raise
@@ -155,15 +126,11 @@ class DispatchSource(TorchDispatchMode):
 
     def _record(self, func, out, args) -> None:
         rec = self.recorder
-        known = self._names.get(id(func))     # by id: an OpOverload's hash is a Python method
-        if known is not None and known[0] is func:
-            name = known[1]
-        else:
-            name = f"aten.{func.overloadpacket.__name__}"
-            self._names[id(func)] = (func, name)
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = f"aten.{func.overloadpacket.__name__}"
             if name not in _ZEROING:
-                call = func._op if type(func) is OpOverload else func
-                self._plain[id(func)] = (func, call, name)
+                self._plain[id(func)] = (func, name)
         if name in _ZEROING:
             self._note_zeroed(args)
         self._follow_backward()
@@ -176,31 +143,15 @@ class DispatchSource(TorchDispatchMode):
                 block.source = self._frames.here(3)
         elif isinstance(out, _SEQUENCES):     # (out, mean, rstd), a list of chunks, ...
             source = None
-            live = self._live
             for t in out:
-                if type(t) is Tensor:       # `rec.add` inline for the plain tensor
-                    try:
-                        storage = t.untyped_storage()
-                    except Exception:       # no storage of its own: nothing to count
-                        continue
-                    entry = live.get(storage._cdata)
-                    if entry is not None:
-                        block = entry.block
-                        if block.category != _TEMP:
-                            block.category = stronger(_TEMP, block.category)
-                        continue
-                    block = rec.new_output(t, storage, name)
-                elif isinstance(t, Tensor):
+                if isinstance(t, Tensor):
                     block = rec.add(t, name, _TEMP)
-                    if block is None or block.alloc_seq < seq:
-                        continue
-                else:
-                    if isinstance(t, _SEQUENCES):
-                        self._record_leaves(name, t, seq)
-                    continue
-                if source is None:
-                    source = self._frames.here(3)
-                block.source = source
+                    if block is not None and block.alloc_seq >= seq:
+                        if source is None:
+                            source = self._frames.here(3)
+                        block.source = source
+                elif isinstance(t, _SEQUENCES):
+                    self._record_leaves(name, t, seq)
         elif out is not None and not isinstance(out, _SCALARS):
             self._record_leaves(name, out, seq)
 
@@ -291,53 +242,3 @@ def _unwatch_resizes(rec: Recorder) -> None:
         if torch.UntypedStorage.__dict__.get("resize_") is _traced_resize:
             del torch.UntypedStorage.resize_     # the C method of StorageBase shows through again
         _original_resize = None
-
-
-# ---- the rule lookup torch makes for every op under a mode ------------------------------
-# For every op it hands to a Python mode, torch's C++ first asks
-# torch._library.simple_registry.find_torch_dispatch_rule (looked up by name at each call)
-# for a rule registered for the mode's class: three Python calls an op. While a trace runs
-# the same answer is read from the same registry in one call (the registry's dicts as they
-# are at that moment, so a rule registered meanwhile is found); torch's function is put
-# back by the last trace to end. A registry of another shape is left alone.
-_quick_rule_users = 0
-_original_rule_lookup = None
-
-
-def _rule_registry():
-    """torch's registry module, if it has the shape read below; else None."""
-    try:
-        from torch._library import simple_registry
-        holder = simple_registry.GenericTorchDispatchRuleHolder
-        if type(simple_registry.singleton._data) is dict and callable(simple_registry.find_torch_dispatch_rule) \
-                and "_data" in holder.__init__.__code__.co_names and "_data" in holder.find.__code__.co_names:
-            return simple_registry
-    except Exception:
-        pass
-    return None
-
-
-def _use_quick_rule_lookup() -> bool:
-    global _quick_rule_users, _original_rule_lookup
-    module = _rule_registry()
-    if module is None:
-        return False
-    if _quick_rule_users == 0:
-        registry = module.singleton
-
-        def find_torch_dispatch_rule(op, torch_dispatch_class):
-            entry = registry._data.get(op.__qualname__)
-            return None if entry is None else entry.torch_dispatch_rules._data.get(torch_dispatch_class)
-        _original_rule_lookup = module.find_torch_dispatch_rule
-        module.find_torch_dispatch_rule = find_torch_dispatch_rule
-    _quick_rule_users += 1
-    return True
-
-
-def _drop_quick_rule_lookup() -> None:
-    global _quick_rule_users, _original_rule_lookup
-    _quick_rule_users -= 1
-    if _quick_rule_users == 0 and _original_rule_lookup is not None:
-        from torch._library import simple_registry
-        simple_registry.find_torch_dispatch_rule = _original_rule_lookup
-        _original_rule_lookup = None

@@ -68,16 +68,11 @@ class UserFrames(SourceTable):
 
     Whether a file is the user's is decided once per file name (a string's hash is cached,
     a code object's is not), so a walk costs one dict lookup per frame until the first
-    user frame. The user frame's row is then found by its code object and instruction
-    offset (a line number is decoded from the code's line table, which takes longer the
-    longer the function is): once per instruction that allocates."""
+    user frame."""
 
     def __init__(self, rows: list[list]):
         super().__init__(rows)
         self._user: dict[str, str] = {}         # file name -> its absolute path, "" if not the user's
-        # id(code) -> (code, {instruction offset: source index}), for the user's code only;
-        # the code object is kept so that its id cannot be reused by another
-        self._at: dict[int, tuple] = {}
 
     def here(self, depth: int = 1) -> int:
         """The source index of the innermost user frame of the stack from `depth` frames
@@ -94,14 +89,7 @@ class UserFrames(SourceTable):
             if path is None:
                 path = user[name] = os.path.abspath(name) if is_user_file(name) else ""
             if path:
-                known = self._at.get(id(code))
-                if known is None or known[0] is not code:
-                    known = self._at[id(code)] = (code, {})
-                offsets = known[1]
-                i = offsets.get(f.f_lasti)
-                if i is None:
-                    i = offsets[f.f_lasti] = self.index(path, f.f_lineno, code.co_name)
-                return i
+                return self.index(path, f.f_lineno, code.co_name)
             f = f.f_back
         return -1
 

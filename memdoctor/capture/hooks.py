@@ -25,8 +25,6 @@ from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_ste
 DATASET_ROWS = 4        # an input taken from a storage this many times its size: a dataset's slice
 _FORWARD, _BACKWARD, _OPTIMIZER = Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value
 _INPUTS = Category.INPUTS.value
-_ACTIVATIONS, _GRADIENTS = Category.ACTIVATIONS.value, Category.GRADIENTS.value
-_WEIGHTS, _STATE = Category.WEIGHTS.value, Category.OPTIMIZER_STATE.value
 
 
 @dataclass(slots=True)
@@ -177,7 +175,7 @@ class OwnershipHooks:
             self.rec.claim(p, Category.WEIGHTS.value, name)
             if p.requires_grad and not by_address and hasattr(p, "register_post_accumulate_grad_hook"):
                 self.handles.append(p.register_post_accumulate_grad_hook(
-                    functools.partial(self._grad_ready, name=name + ".grad")))
+                    functools.partial(self._grad_ready, name=name)))
             if p.grad is not None:
                 self.rec.claim(p.grad, Category.GRADIENTS.value, name + ".grad")
         for name, b in root.named_buffers():
@@ -292,14 +290,12 @@ class OwnershipHooks:
                 self._claim_state(opt)
 
     def _claim_grads(self, optimizer, weights: bool = True) -> None:
-        claim = self.rec.claim_known
         for group in optimizer.param_groups:
             for p in group["params"]:
-                grad = p.grad
-                if grad is not None:
-                    claim(grad, _GRADIENTS, self._pname(p) + ".grad")
+                if p.grad is not None:
+                    self.rec.claim(p.grad, Category.GRADIENTS.value, self._pname(p) + ".grad")
                 if weights:
-                    claim(p, _WEIGHTS, self._pname(p))
+                    self.rec.claim(p, Category.WEIGHTS.value, self._pname(p))
 
     def _claim_state(self, optimizer, only_if_grown: bool = False) -> None:
         if only_if_grown:
@@ -307,14 +303,10 @@ class OwnershipHooks:
             if self._state_sizes.get(id(optimizer)) == size:
                 return
             self._state_sizes[id(optimizer)] = size
-        claim = self.rec.claim_known
         for p, state in optimizer.state.items():
-            pname = None
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
-                    if pname is None:
-                        pname = self._pname(p)
-                    claim(value, _STATE, f"{pname}:{key}")
+                    self.rec.claim(value, Category.OPTIMIZER_STATE.value, f"{self._pname(p)}:{key}")
         tables = getattr(optimizer, "device_tables", None)      # memdoctor's FusedAdamW
         if callable(tables):
             for name, value in tables().items():
@@ -330,21 +322,10 @@ class OwnershipHooks:
         if self.broken:
             return None
         try:
-            stack = self.stack
-            if stack or _graph_task() != -1:    # a recompute in backward is no new pass
-                # a call inside another (or a recompute in backward): the module running now
-                name = self.module_names.get(id(module))
-                if name is None:
-                    name = type(module).__name__
-                stack.append(name)
-                rec = self.rec
-                rec.forward_depth += 1
-                if rec.on_mark is None:
-                    rec.module = name           # enter_module, with no one to tell
-                elif len(stack) <= STAMP_DEPTH:     # a tag costs a call into CUDA's allocator
-                    rec.enter_module(name)
-            else:
+            if not self.stack and _graph_task() == -1:    # a recompute in backward is no new pass
                 self._outermost_pre(module, args)
+            else:
+                self._inner_pre(module)
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:
@@ -368,6 +349,15 @@ class OwnershipHooks:
         rec.mark(_FORWARD, name)
         call.mark_start = len(rec.run.marks) - 1
 
+    def _inner_pre(self, module) -> None:
+        """A call inside another (or a recompute in backward): the module running now."""
+        name = self.module_names.get(id(module), type(module).__name__)
+        self.stack.append(name)
+        rec = self.rec
+        rec.forward_depth += 1
+        if rec.on_mark is None or len(self.stack) <= STAMP_DEPTH:   # a tag costs a call into CUDA's allocator
+            rec.enter_module(name)
+
     def _claim_input(self, t: torch.Tensor) -> None:
         """A tensor handed to an outermost call is an input, unless a forward made it."""
         try:                # asked once: each call makes a new Python object
@@ -385,18 +375,7 @@ class OwnershipHooks:
         if self.broken:
             return None
         try:
-            stack = self.stack
-            if len(stack) > 1:      # an inner call ends (`_post`'s first lines, inline)
-                stack.pop()
-                rec = self.rec
-                depth = rec.forward_depth - 1
-                rec.forward_depth = depth if depth > 0 else 0
-                if rec.on_mark is None:
-                    rec.module = stack[-1]
-                elif len(stack) < STAMP_DEPTH:
-                    rec.enter_module(stack[-1])
-            else:
-                self._post(output)
+            self._post(output)
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:
@@ -510,32 +489,18 @@ class OwnershipHooks:
 
     # ---- backward -------------------------------------------------------------------
     def _pack(self, tensor):
-        """Must hand the tensor back whatever happens, or autograd would lose it. Runs for
-        every tensor autograd saves: guarded here as `guarded` would, without its frame."""
-        if self.broken:
-            return tensor
-        try:
-            self.rec.claim_known(tensor, _ACTIVATIONS)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as exc:
-            self.stop_after(exc)
+        """Must hand the tensor back whatever happens, or autograd would lose it."""
+        self._claim_saved(tensor)
         return tensor
 
+    @guarded
+    def _claim_saved(self, tensor):
+        self.rec.claim(tensor, Category.ACTIVATIONS.value)
+
+    @guarded
     def _grad_ready(self, param, name: str):
-        """`name`: the gradient's, "<parameter>.grad". Runs for every parameter every
-        backward: guarded here as `guarded` would, without its frame."""
-        if self.broken:
-            return None
-        try:
-            grad = param.grad
-            if grad is not None:
-                self.rec.claim_known(grad, _GRADIENTS, name)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as exc:
-            self.stop_after(exc)
-        return None
+        if param.grad is not None:
+            self.rec.claim(param.grad, Category.GRADIENTS.value, name + ".grad")
 
     # ---- optimizer ------------------------------------------------------------------
     @guarded

@@ -151,14 +151,6 @@ class Recorder:
             self.budget(nbytes, self.live_bytes)
         return self._alloc(storage, key, nbytes, tensor, name, _TEMP, None)
 
-    def new_output(self, tensor: torch.Tensor, storage, name: str) -> Block:
-        """An op's output of type Tensor itself whose storage is not counted yet (the
-        dispatch source looked): counted as a temporary."""
-        nbytes = storage.nbytes()
-        if self.budget is not None:
-            self.budget(nbytes, self.live_bytes)
-        return self._alloc(storage, storage._cdata, nbytes, tensor, name, _TEMP, None)
-
     def _count(self, storage, tensor, name: str, category: str, phase: str | None,
                before: bool) -> tuple[Block, bool]:
         """The Block of `storage` (its category made the stronger of the two if counted
@@ -301,24 +293,6 @@ class Recorder:
         if block.category != category:
             block.category = stronger(category, block.category)
         return True
-
-    def claim_known(self, tensor, category: str, name: str | None = None) -> None:
-        """`claim(tensor, category, name)`, done the short way for a plain tensor whose
-        storage is counted already (the hooks claim weights, gradients, optimizer state and
-        saved tensors again and again, nearly always the same storages)."""
-        if self.claims is None and type(tensor) in _PLAIN:
-            try:
-                entry = self.live.get(tensor.untyped_storage()._cdata)
-            except Exception:
-                entry = None
-            if entry is not None:
-                block = entry.block
-                if block.category != category:
-                    block.category = stronger(category, block.category)
-                if name and block.category == category:
-                    block.name = name
-                return
-        self.claim(tensor, category, name)
 
     def claim(self, tensor, category: str, name: str | None = None, storage=None) -> None:
         """Say who owns an existing tensor's storage (counting it first if it is new);
