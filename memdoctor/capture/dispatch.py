@@ -187,7 +187,8 @@ class DispatchSource(TorchDispatchMode):
             log.warning("memdoctor: the OOM was not recorded where it happened: %r", err)
 
     def _oom_source(self) -> None:
-        """The simulated budget just recorded an OOM: note the user's line that asked."""
+        """An OOM was just recorded (the simulated budget's or the GPU's): note the user's
+        line that asked."""
         try:
             ooms = self.recorder.run.ooms
             if ooms and ooms[-1].source < 0:
