@@ -1,5 +1,5 @@
 """Under the allocator source no op is seen, so gradients zeroed in place are told by the
-optimizer's own zero_grad (memdoctor.capture.hooks): the line that called it and the
+optimizer's own zero_grad (memdoctor.capture.optimizers): the line that called it and the
 gradients' addresses, joined to the allocator's blocks at the end (on a GPU:
 tests/gpu/test_realworld_gpu.py, the zero_grad cases)."""
 import torch
@@ -22,10 +22,10 @@ def test_zero_grad_in_place_names_its_line_and_gradients():
     hooks.adopt_optimizer(opt)
     model(torch.randn(2, 8)).sum().backward()
     opt.zero_grad(set_to_none=True)                     # frees them: nothing kept
-    assert hooks.zeroing == []
+    assert hooks.zero_grads.zeroing == []
     model(torch.randn(2, 8)).sum().backward()
     opt.zero_grad(set_to_none=False)                    # the line that keeps them
-    (held,) = hooks.zeroed_in_place()
+    (held,) = hooks.zero_grads.held()
     assert held.holder == "gradients zeroed in place" and held.file == __file__
     assert "set_to_none=False" in open(__file__).read().splitlines()[held.line - 1]
     assert sorted(a for _, a in held.storages) == sorted(p.grad.data_ptr() for p in model.parameters())

@@ -17,9 +17,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from memdoctor.run import Category, Phase
-from memdoctor.capture.frames import first_user_frame
-from memdoctor.capture.keepers import Held
 from memdoctor.capture.recorder import Recorder, log
+from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
 DATASET_ROWS = 4        # an input taken from a storage this many times its size: a dataset's slice
@@ -62,13 +61,6 @@ def guarded(method):
 STAMP_DEPTH = 3     # allocator source: modules this deep (model, its parts, their blocks) tag blocks
 
 
-class _Undo:
-    """A removal in the hooks' handle list, for what is no torch hook."""
-
-    def __init__(self, undo):
-        self.remove = undo
-
-
 class OwnershipHooks:
     """`light`: no global module hooks, no saved-tensor or per-parameter hooks; the models'
     outermost calls are hooked on the models themselves (found by a global pre-hook that is
@@ -101,8 +93,7 @@ class OwnershipHooks:
         self._saved = None
         self._stepping_aside = False
         self.removed = False
-        # allocator source: (user's line, gradient addresses) of each zero_grad(set_to_none=False)
-        self.zeroing: list[tuple[tuple[str, int, str], list[int]]] = []
+        self.zero_grads = ZeroGradWatch()      # allocator source: gradients zeroed in place
 
     def stop_after(self, exc: Exception) -> None:
         """An internal error in a hook: log it once and turn the hook set off."""
@@ -206,43 +197,12 @@ class OwnershipHooks:
             self.optimizers[id(optimizer)] = weakref.ref(optimizer)
             self.optimizer_info.append(describe_optimizer(optimizer))
             if self.rec.claims is not None:
-                self._watch_zero_grad(optimizer)
+                self.handles.append(self.zero_grads.watch(optimizer))
         if self.rec.claims is not None and not first:
             self._claim_grads(optimizer, weights=False)
             return
         self._claim_grads(optimizer)
         self._claim_state(optimizer)
-
-    def _watch_zero_grad(self, optimizer) -> None:
-        """Under the allocator source no op is seen: gradients zeroed in place (the
-        `zero_grad(set_to_none=False)` that keeps them through the next forward) are told by
-        the optimizer's own zero_grad, wrapped on the instance until the hooks are removed."""
-        original = optimizer.zero_grad
-        hooks = self
-
-        def zero_grad(*args, **kwargs):
-            if not kwargs.get("set_to_none", args[0] if args else True):
-                hooks._note_zeroing(optimizer)
-            return original(*args, **kwargs)
-        optimizer.zero_grad = zero_grad
-        self.handles.append(_Undo(lambda: optimizer.__dict__.pop("zero_grad", None)))
-
-    def _note_zeroing(self, optimizer) -> None:
-        try:
-            line = first_user_frame(sys._getframe(2))
-            if line is None or self.broken:
-                return
-            addresses = [p.grad.untyped_storage().data_ptr() for g in optimizer.param_groups
-                         for p in g["params"] if p.grad is not None]
-            if addresses:
-                self.zeroing.append((line, addresses))
-        except Exception as exc:
-            self.stop_after(exc)
-
-    def zeroed_in_place(self) -> list[Held]:
-        """The lines that zeroed gradients in place, as holders of those gradients."""
-        return [Held(*line, "gradients zeroed in place", [(0, a) for a in addresses])
-                for line, addresses in self.zeroing]
 
     @guarded
     def find_unstepped_optimizers(self) -> None:
@@ -542,22 +502,6 @@ class OwnershipHooks:
             counts[c.module] = counts.get(c.module, 0) + 1
         top = max(counts, key=counts.get)
         return "forward", [c.mark_start for c in models if c.module == top][1:]
-
-
-def describe_optimizer(optimizer) -> dict:
-    """What the rules need to know: kind, implementation and the bytes it steps."""
-    defaults = optimizer.defaults
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    return {
-        "class": type(optimizer).__name__,
-        "foreach": defaults.get("foreach"),
-        "fused": defaults.get("fused"),
-        "momentum": defaults.get("momentum"),
-        "num_params": len(params),
-        "param_bytes": sum(p.numel() * p.element_size() for p in params),
-        "largest_param_bytes": max((p.numel() * p.element_size() for p in params), default=0),
-        "device": str(params[0].device) if params else "cpu",
-    }
 
 
 _WRAPPED_CALL = getattr(getattr(torch.nn.Module, "_wrapped_call_impl", None), "__code__", None)

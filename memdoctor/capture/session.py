@@ -169,7 +169,7 @@ class Tracer:
             self.run = self.allocator.stop(oom_message)
             self._undo.clear()                  # stop() released what start() took
             _calls_to_seqs(self.run)
-            attach_keepers(self.run, held + self.hooks.zeroed_in_place())
+            attach_keepers(self.run, held + self.hooks.zero_grads.held())
             name_blocks(self.run, tb, caller)
         else:
             if oom_message and not any(o.message == oom_message for o in rec.run.ooms):

@@ -1,0 +1,80 @@
+"""What the tracer notes of an optimizer besides its steps: a description the rules read,
+and, under the allocator source, gradients zeroed in place.
+
+`optimizer.zero_grad(set_to_none=False)` keeps every gradient allocated through the next
+forward. The dispatch source sees the zeroing op itself; the allocator source sees no op,
+so the optimizer's own zero_grad tells it: wrapped on the instance while the hooks are in,
+it notes the user's line that called it and the gradients' addresses, which join the
+allocator's blocks when the run is built (as the holders of those gradients).
+"""
+from __future__ import annotations
+
+import sys
+
+from memdoctor.capture.frames import first_user_frame
+from memdoctor.capture.keepers import Held
+from memdoctor.capture.recorder import log
+
+HOLDER = "gradients zeroed in place"
+
+
+class _Unwrap:
+    """What the hooks' handle list calls to take the wrapper off an optimizer."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def remove(self) -> None:
+        self.optimizer.__dict__.pop("zero_grad", None)
+
+
+class ZeroGradWatch:
+    def __init__(self):
+        # (the user's line, the gradients' addresses) of each zero_grad(set_to_none=False)
+        self.zeroing: list[tuple[tuple[str, int, str], list[int]]] = []
+        self.broken = False
+
+    def watch(self, optimizer) -> _Unwrap:
+        """Wrap `optimizer.zero_grad`; returns what removes the wrapper."""
+        original = optimizer.zero_grad
+        note = self._note
+
+        def zero_grad(*args, **kwargs):
+            if not kwargs.get("set_to_none", args[0] if args else True):
+                note(optimizer)
+            return original(*args, **kwargs)
+        optimizer.zero_grad = zero_grad
+        return _Unwrap(optimizer)
+
+    def _note(self, optimizer) -> None:
+        if self.broken:
+            return
+        try:
+            line = first_user_frame(sys._getframe(2))      # _note <- zero_grad <- the caller
+            addresses = [p.grad.untyped_storage().data_ptr() for g in optimizer.param_groups
+                         for p in g["params"] if p.grad is not None]
+            if line is not None and addresses:
+                self.zeroing.append((line, addresses))
+        except Exception as exc:        # never the training's failure
+            self.broken = True
+            log.warning("memdoctor: noting gradients zeroed in place stopped: %r", exc)
+
+    def held(self) -> list[Held]:
+        """The lines that zeroed gradients in place, as holders of those gradients."""
+        return [Held(*line, HOLDER, [(0, a) for a in addresses]) for line, addresses in self.zeroing]
+
+
+def describe_optimizer(optimizer) -> dict:
+    """What the rules need to know: kind, implementation and the bytes it steps."""
+    defaults = optimizer.defaults
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return {
+        "class": type(optimizer).__name__,
+        "foreach": defaults.get("foreach"),
+        "fused": defaults.get("fused"),
+        "momentum": defaults.get("momentum"),
+        "num_params": len(params),
+        "param_bytes": sum(p.numel() * p.element_size() for p in params),
+        "largest_param_bytes": max((p.numel() * p.element_size() for p in params), default=0),
+        "device": str(params[0].device) if params else "cpu",
+    }
