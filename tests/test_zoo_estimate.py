@@ -23,6 +23,15 @@ def zoo_estimate(arch: str, batch: int, plan: str | None = None, own_checkpointi
     return est
 
 
+def h200_trace(name: str) -> dict:
+    """The H200's own requests and peaks for a zoo configuration (tests/fixtures/zoo_traces,
+    recorded by benchmarks/zoo/zoo_traces.py)."""
+    import gzip
+    import json
+    return json.loads(gzip.decompress((ROOT / "tests" / "fixtures" / "zoo_traces" / f"{name}.json.gz")
+                                      .read_bytes()))["real"]
+
+
 def notes_with(est, *words):
     return [n for n in est.notes if all(w in n for w in words)]
 
@@ -91,14 +100,11 @@ def test_an_all_ones_mask_is_dropped_as_on_a_gpu(monkeypatch):
 @needs_transformers
 def test_math_attention_makes_the_h200s_requests_and_reserved_peak():
     """Grouped-query attention in fp32 falls back to math attention, which on fake tensors
-    added the mask out of place: one more scores-sized tensor and the scores freed early,
-    18% fewer bytes reserved than the H200 reserved. Run as a GPU runs it, the estimate of a
+    adds the mask out of place: one more scores-sized tensor and the scores freed early,
+    18% fewer bytes reserved than the H200 reserves. Run as a GPU runs it, the estimate of a
     Llama in fp32 with checkpointing reserves what the H200 reserved
     (tests/fixtures/zoo_traces/llama_ckpt_b4.json.gz, benchmarks/zoo/zoo_traces.py)."""
-    import gzip
-    import json
-    real = json.loads(gzip.decompress((ROOT / "tests" / "fixtures" / "zoo_traces" / "llama_ckpt_b4.json.gz")
-                                      .read_bytes()))["real"]
+    real = h200_trace("llama_ckpt_b4")
     est = zoo_estimate("llama", 4, "ckpt=full")
     assert est.peak_reserved_bytes == real["max_reserved"]
     assert abs(est.peak_allocated_bytes - real["max_allocated"]) <= 0.001 * real["max_allocated"]
@@ -108,14 +114,11 @@ def test_math_attention_makes_the_h200s_requests_and_reserved_peak():
 def test_math_attention_keeps_the_scaled_query_until_it_returns():
     """attention.cpp's math attention holds its scaled query (a local) through both matmuls
     and frees its locals when it returns, the grouped-query copies first; freed after the
-    first matmul, as a Python function would, it left holes the H200 never had. Run as the
+    first matmul, as a Python function would, it leaves holes the H200 never has. Run as the
     kernel runs it, the estimate of a Llama in fp32 with checkpointing at batch 8 makes the
-    H200's reserved peak (6098 MiB, where freeing the query early made 5586 MiB,
+    H200's reserved peak (6098 MiB, where freeing the query early makes 5586 MiB,
     tests/fixtures/zoo_traces/llama_ckpt_b8.json.gz, benchmarks/zoo/zoo_traces.py)."""
-    import gzip
-    import json
-    real = json.loads(gzip.decompress((ROOT / "tests" / "fixtures" / "zoo_traces" / "llama_ckpt_b8.json.gz")
-                                      .read_bytes()))["real"]
+    real = h200_trace("llama_ckpt_b8")
     est = zoo_estimate("llama", 8, "ckpt=full")
     assert est.peak_reserved_bytes == real["max_reserved"]
     assert abs(est.peak_allocated_bytes - real["max_allocated"]) <= 0.001 * real["max_allocated"]
@@ -126,13 +129,10 @@ def test_math_attention_in_bf16_computes_in_fp32_as_the_h200_did():
     """Falcon's multi-query attention under bf16 autocast falls back to math attention, which
     computes fp16/bf16 inputs in fp32 (unless allow_fp16_bf16_reduction_math_sdp): scores and
     softmax at 4 bytes, and the softmax cast back as the kernel's second output. Estimated in
-    bf16 they were 11% under the H200's allocated peak and 29% under its reserved one; run
+    bf16 they are 11% under the H200's allocated peak and 29% under its reserved one; run
     in fp32 the estimate makes the H200's peaks
     (tests/fixtures/zoo_traces/falcon_bf16_b8.json.gz, benchmarks/zoo/zoo_traces.py)."""
-    import gzip
-    import json
-    real = json.loads(gzip.decompress((ROOT / "tests" / "fixtures" / "zoo_traces" / "falcon_bf16_b8.json.gz")
-                                      .read_bytes()))["real"]
+    real = h200_trace("falcon_bf16_b8")
     est = zoo_estimate("falcon", 8, "bf16")
     assert abs(est.peak_allocated_bytes - real["max_allocated"]) <= 0.001 * real["max_allocated"]
     assert abs(est.peak_reserved_bytes - real["max_reserved"]) <= 0.001 * real["max_reserved"]
@@ -143,17 +143,13 @@ def test_layer_norm_copies_make_the_h200s_reserved_peak_of_a_checkpointed_whispe
     """Whisper's encoder keeps its hidden states in its convolutions' transposed layout, and
     CUDA's layer norm copies such an input to a contiguous one before its outputs, in forward,
     in checkpointing's recompute and in backward; fake kernels make no copy. Without the
-    copies the estimate of whisper/ckpt/b4 reserved 6% less than the H200: the third
-    reduction buffer of the recomputed encoder's backward (94 MiB) found a cached block that
-    on the GPU the copies had split (tests/fixtures/zoo_traces/whisper_ckpt_b4.json.gz,
+    copies the estimate of whisper/ckpt/b4 reserves 6% less than the H200: the third
+    reduction buffer of the recomputed encoder's backward (94 MiB) finds a cached block that
+    on the GPU the copies have split (tests/fixtures/zoo_traces/whisper_ckpt_b4.json.gz,
     benchmarks/zoo/zoo_traces.py; the H200's cuDNN convolution workspaces, which a CPU-only
     estimate leaves out, are not at its peaks)."""
-    import gzip
-    import json
-
     from memdoctor.cuda.allocator_model import replay_trace
-    real = json.loads(gzip.decompress((ROOT / "tests" / "fixtures" / "zoo_traces" / "whisper_ckpt_b4.json.gz")
-                                      .read_bytes()))["real"]
+    real = h200_trace("whisper_ckpt_b4")
     model = replay_trace(real["events"])
     assert (model.peak_allocated, model.peak_reserved) == (real["max_allocated"], real["max_reserved"])
     est = zoo_estimate("whisper", 4, "ckpt=full")
@@ -199,9 +195,9 @@ def _t5_mask_as_measured(monkeypatch):
 @needs_transformers
 @pytest.mark.parametrize("plan, cid", [(None, "t5/fp32/b16"), ("ckpt=full", "t5/ckpt/b16")])
 def test_t5_on_the_cpu_estimates_what_the_h200_measured(monkeypatch, plan, cid):
-    """On a CPU-only torch the T5 estimate was 18% (fp32) and 25% (checkpointed) under what
-    the H200 allocated: the CPU's dropout saves a noise tensor of the input's dtype where
-    CUDA's fused kernel saves a boolean mask, and math attention's dropout ran the CPU's.
+    """On a CPU-only torch the CPU's dropout saves a noise tensor of the input's dtype where
+    CUDA's fused kernel saves a boolean mask (18% under what the H200 allocates for T5 in
+    fp32, 25% checkpointed), math attention's dropout included.
     Run as CUDA runs them, the estimate makes the H200's peaks (and the H200 estimate's
     requests, benchmarks/zoo/zoo_traces.py)."""
     _t5_mask_as_measured(monkeypatch)

@@ -244,9 +244,9 @@ def _mark_per_block(run: Run) -> dict[int, tuple[int, str | None]]:
     it (alive before the trace began) keep no phase."""
     out: dict[int, tuple[int, str | None]] = {}
     for block_id, _ctx, meta in run.meta.get("snapshot", {}).get("block_context", []):
-        if meta.startswith(_PREFIX):
-            index, _, module = meta[len(_PREFIX):].partition(":")
-            out[block_id] = (int(index), module or None)
+        tag = _tag(meta)
+        if tag is not None:
+            out[block_id] = tag
     return out
 
 
@@ -254,11 +254,18 @@ def _mark_per_oom(run: Run) -> dict[int, int]:
     """OOM index -> the mark index in the allocator's user metadata when it was refused."""
     out: dict[int, int] = {}
     for i, meta in run.meta.get("snapshot", {}).get("oom_context", []):
-        if isinstance(meta, str) and meta.startswith(_PREFIX):
-            index = meta[len(_PREFIX):].partition(":")[0]
-            if index.isdigit():
-                out[i] = int(index)
+        tag = _tag(meta)
+        if tag is not None:
+            out[i] = tag[0]
     return out
+
+
+def _tag(meta) -> tuple[int, str | None] | None:
+    """(mark index, module) of memdoctor's user metadata on an allocator entry, else None."""
+    if not isinstance(meta, str) or not meta.startswith(_PREFIX):
+        return None
+    index, _, module = meta[len(_PREFIX):].partition(":")
+    return (int(index), module or None) if index.isdigit() else None
 
 
 def _place_marks(run: Run, marks: list[Mark], mark_of_block, samples) -> list[Mark]:

@@ -50,19 +50,9 @@ def find_held(tb=None, frame=None) -> list[Held]:
 
 
 def _find_held(tb, frame) -> list[Held]:
-    frames, seen = [], set()
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    while frame is not None:
-        frames.append(frame)
-        frame = frame.f_back
     found: dict[tuple[str, str], Held] = {}
-    for f in frames:
+    for f in user_frames(tb, frame):
         code = f.f_code
-        if id(f) in seen or not is_user_file(code.co_filename):
-            continue
-        seen.add(id(f))
         for holder, value in _namespace(f):
             storages = _storages(value)
             if not storages:
@@ -79,6 +69,24 @@ def _find_held(tb, frame) -> list[Held]:
                 where = (os.path.abspath(code.co_filename), where, code.co_name)
             found[key] = Held(*where, holder, storages)
     return list(found.values())
+
+
+def user_frames(tb=None, frame=None) -> list:
+    """The user's frames, each once: those of the traceback `tb` (innermost last), then the
+    stack from `frame` outwards."""
+    frames, seen = [], set()
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    out = []
+    for f in frames:
+        if id(f) not in seen and is_user_file(f.f_code.co_filename):
+            seen.add(id(f))
+            out.append(f)
+    return out
 
 
 def _namespace(frame) -> list[tuple[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 
 from memdoctor.run import Run
-from memdoctor.capture.frames import is_user_file
+from memdoctor.capture.keepers import user_frames
 
 log = logging.getLogger("memdoctor")
 
@@ -39,17 +39,7 @@ def _name_blocks(run: Run, tb, frame) -> None:
           if b.free_seq is None and b.address is not None and not b.shape}
     if not at:
         return
-    frames, seen = [], set()
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    while frame is not None:
-        frames.append(frame)
-        frame = frame.f_back
-    for f in frames:
-        if id(f) in seen or not is_user_file(f.f_code.co_filename):
-            continue
-        seen.add(id(f))
+    for f in user_frames(tb, frame):
         for name, value in list(f.f_locals.items()):
             if name.startswith("__"):
                 continue

@@ -50,19 +50,11 @@ class _Eager:
 
     def _unscript(self) -> None:
         """Each module-level scripted function of a loaded library, as its Python original."""
-        script_function = torch.jit.ScriptFunction
-        for module in list(sys.modules.values()):
-            try:
-                names = vars(module)
-            except TypeError:
-                continue
-            for name, value in list(names.items()):
-                if type(value) is not script_function:     # never the value's own __class__
-                    continue
-                original = getattr(value, "_torchdynamo_inline", None)
-                if callable(original):
-                    names[name] = original
-                    self.undo.append(lambda names=names, name=name, value=value: names.__setitem__(name, value))
+        for names, name, value in _script_functions():
+            original = getattr(value, "_torchdynamo_inline", None)
+            if callable(original):
+                names[name] = original
+                self.undo.append(lambda names=names, name=name, value=value: names.__setitem__(name, value))
 
     def restore(self) -> None:
         while self.undo:
@@ -87,21 +79,27 @@ def _no_fusion():
         c._jit_set_llga_enabled(old[3])
 
 
-def _flush_torchscript_plans() -> None:
-    """Forget the plans TorchScript functions of loaded modules cached (fused ones, from real
-    runs earlier in this process, would run on the fake tensors); they profile again."""
+def _script_functions():
+    """(module namespace, name, function) of every module-level TorchScript function loaded."""
     script_function = torch.jit.ScriptFunction
     for module in list(sys.modules.values()):
         try:
             names = vars(module)
         except TypeError:
             continue
-        for value in list(names.values()):
+        for name, value in list(names.items()):
             if type(value) is script_function:     # never the value's own __class__ (lazy objects warn)
-                try:
-                    value._debug_flush_compilation_cache()
-                except Exception:
-                    pass
+                yield names, name, value
+
+
+def _flush_torchscript_plans() -> None:
+    """Forget the plans TorchScript functions of loaded modules cached (fused ones, from real
+    runs earlier in this process, would run on the fake tensors); they profile again."""
+    for _names, _name, value in _script_functions():
+        try:
+            value._debug_flush_compilation_cache()
+        except Exception:
+            pass
 
 
 @contextlib.contextmanager
