@@ -217,6 +217,19 @@ def test_an_evaluation_under_no_grad_runs_out_on_its_logits_not_on_activations(t
     remedies = [r["title"] for r in out["findings"][0]["remedies"]]
     assert "smaller evaluation batch" in remedies and "smaller micro-batches" not in remedies, remedies
     assert "logits = model(ids[:, :-1])" in out["findings"][0]["source"]["text"]
+    assert not any("never measured" in e for e in out["findings"][0]["evidence"])     # it trained first
+
+
+def test_an_evaluation_that_runs_out_before_any_training_says_its_peaks_are_the_evaluations(tmp_path):
+    """The same script evaluating before its first training step: the remedies' peaks are the
+    evaluation's, and the finding says a training step at that batch was never measured."""
+    text = (HERE / "scenarios" / "eval_logits_no_grad.py").read_text()
+    script = tmp_path / "eval_first.py"
+    script.write_text(text.replace("for step in range(3):", 'print("eval loss", evaluate(32))\nfor step in range(3):'))
+    _, out = diagnose_json(script, "--budget", "1GiB", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "large-logits", [f["rule"] for f in out["findings"]]
+    assert any("never measured" in e for e in first["evidence"]), first["evidence"]
 
 
 def test_micro_batches_summed_for_one_backward_are_activations_not_evaluation_or_leak(tmp_path):

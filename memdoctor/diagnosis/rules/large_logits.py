@@ -22,7 +22,9 @@ Fix
     Compute the head and the loss in chunks (or with a fused linear-cross-entropy kernel),
     or use micro-batches so fewer tokens are in flight; where the logits come from passes
     never back-propagated (an evaluation loop, under no_grad or not), evaluate a smaller
-    batch at a time instead: training is untouched.
+    batch at a time instead: training is untouched. When the run ran out in an evaluation
+    before its first training step, the predicted peaks are that evaluation's, and the
+    finding says that the training step at the same batch was never measured.
 Known limits
     A vocabulary is recognised by its width only: a hidden layer 8192 wide that no other
     layer reads (a final embedding) looks the same.
@@ -73,6 +75,9 @@ def check(f: Facts) -> Finding | None:
             or (f.logits and all(b.phase == NOB for b in f.logits)):
         remedies.append(Remedy("smaller evaluation batch", "evaluate a quarter of the batch at a time (the "
                                "evaluation loop's own batch size; training is untouched)", quarter, None))
+        if f.oom and f.steps_from in ("forward", "none"):     # no backward, no optimizer step yet
+            evidence.append("it ran out before any backward: these peaks are the evaluation's; "
+                            "a training step at this batch was never measured")
     else:
         remedies.append(Remedy("smaller micro-batches", "Plan(micro_batch=...) keeps the effective batch",
                                quarter, "micro=auto"))
