@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 from memdoctor.run import Category, Phase
 from memdoctor.capture.frames import UserFrames
 from memdoctor.capture.oomlog import requested_bytes
+from memdoctor.capture.op_outputs import output_bytes
 from memdoctor.capture.recorder import Recorder, log
 
 try:
@@ -91,7 +92,7 @@ class DispatchSource(TorchDispatchMode):
         try:
             out = func(*args, **kwargs) if kwargs else func(*args)
         except torch.OutOfMemoryError as exc:      # the GPU's own, under a capped allocator
-            self._real_oom(exc)
+            self._real_oom(exc, func, args, kwargs)
             raise
         if self.broken:
             return out
@@ -174,14 +175,18 @@ class DispatchSource(TorchDispatchMode):
         if ids:
             self._zeroed.setdefault(self._frames.here(4), set()).update(ids)
 
-    def _real_oom(self, exc: BaseException) -> None:
+    def _real_oom(self, exc: BaseException, func, args, kwargs) -> None:
         """Record a real OOM where it happened: once it unwinds, the forward it broke has
-        ended and the phase in force is no longer the one that ran out."""
+        ended and the phase in force is no longer the one that ran out. The request is what
+        the op asked for in all (memdoctor.capture.op_outputs) where that is more than the
+        one allocation the GPU refused."""
         try:
             message = str(exc).strip()
             rec = self.recorder
             if not self.broken and rec.active and not any(o.message == message for o in rec.run.ooms):
-                rec.record_oom(requested_bytes(message), message, simulated=False)
+                refused = requested_bytes(message)
+                whole = output_bytes(func, args, kwargs)
+                rec.record_oom(max(whole or 0, refused or 0) or refused, message, simulated=False)
                 self._oom_source()
         except Exception as err:        # memdoctor's failure must not change the OOM
             log.warning("memdoctor: the OOM was not recorded where it happened: %r", err)
