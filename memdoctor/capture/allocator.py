@@ -10,7 +10,6 @@ becomes a Run and the owners are joined by address within their mark.
 from __future__ import annotations
 
 import bisect
-
 import threading
 
 import torch
@@ -24,6 +23,7 @@ from memdoctor.capture.recorder import Recorder
 from memdoctor.capture.oomlog import requested_bytes
 from memdoctor.capture.snapshot import snapshot_to_run
 from memdoctor.cuda.allocator_model import round_size
+from memdoctor.cuda.blas_workspaces import cublas_workspace_bytes, cublaslt_workspace_bytes, local_gpu_is_sm90
 
 MAX_ENTRIES = 2_000_000
 _PREFIX = "memdoctor:"
@@ -134,6 +134,7 @@ class AllocatorSource:
         _lines_from_earlier_steps(run, mark_of_block)
         _lines_from_marks(run, mark_of_block, self.mark_lines)
         _join_owners(run, rec.claims or [], run.marks)
+        _blas_workspaces(run)
         _outliving_forward_are_activations(run)
         by_index = {i: m.seq for i, m in enumerate(run.marks)}
         phase_samples = [Sample(by_index.get(i, 0) - 1, a, r) for i, a, r in self.samples]
@@ -342,6 +343,23 @@ def _label_blocks(run: Run, marks: list[Mark], mark_of_block) -> None:
             b.module = module or m.module
             if m.phase != Phase.OTHER.value:
                 b.category = temps
+
+
+def _blas_workspaces(run: Run) -> None:
+    """cuBLAS and cuBLASLt take a workspace per thread through the caching allocator at the
+    thread's first matmul and keep it for the process's life (memdoctor.cuda.blas_workspaces):
+    the main thread's in the first forward, autograd's device thread's in the first backward.
+    The earliest two blocks of exactly such a size that are never freed and that no tensor
+    claims are those workspaces, counted as `other`: made in a forward and alive at its end,
+    they would otherwise count as activations."""
+    sizes = {cublas_workspace_bytes(local_gpu_is_sm90()), cublaslt_workspace_bytes()}
+    temps = Category.TEMPORARIES.value
+    seen: dict[int, int] = {}
+    for b in sorted(run.blocks.values(), key=lambda b: b.alloc_seq):
+        if b.nbytes in sizes and b.free_seq is None and b.category == temps and not b.shape and not b.name \
+                and seen.get(b.nbytes, 0) < 2:
+            seen[b.nbytes] = seen.get(b.nbytes, 0) + 1
+            b.category, b.name = Category.OTHER.value, "cuBLAS workspace"
 
 
 def _outliving_forward_are_activations(run: Run) -> None:

@@ -8,12 +8,11 @@ the outputs a CUDA kernel allocates in another order than the op returns them
 the Run."""
 from __future__ import annotations
 
-import os
-import re
-
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memdoctor.cuda.blas_workspaces import (  # noqa: F401  (re-exported: the estimate's notes)
+    CUBLASLT_WORKSPACE_BYTES, cublas_workspace_bytes, cublaslt_workspace_bytes, local_gpu_is_sm90)
 from memdoctor.cuda.kernel_scratch import scratch_for
 from memdoctor.cuda.output_order import cuda_output_order
 from memdoctor.predict.step_time import WorkCounter
@@ -22,41 +21,9 @@ from memdoctor.run import Category
 __all__ = ["KernelWatch", "CUBLASLT_WORKSPACE_BYTES", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
            "local_gpu_is_sm90", "workspace_events", "scratch_events"]
 
-# cuBLAS workspace per (cuBLAS handle, stream), allocated through the caching allocator at the
-# first cuBLAS call of a thread and kept for the process's life (aten/src/ATen/cuda/
-# CublasHandlePool.cpp, parseChosenWorkspaceSize): CUBLAS_WORKSPACE_CONFIG if set, else
-# ":4096:8" = 32 MiB on sm90 (H100/H200) and ":4096:2:16:8" = 8 MiB + 128 KiB elsewhere.
-# Handles are per thread, and autograd runs CUDA backward on its own device thread, so a
-# training step has two: the main thread's (forward) and the backward thread's.
-CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
-CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
-# cuBLASLt workspace (same file, parseCUDABlasLtWorkspaceSize): CUBLASLT_WORKSPACE_SIZE KiB,
-# default 1024 KiB, one per (handle, stream), taken at the first cuBLASLt call: addmm with a
-# 1-D bias (nn.Linear with bias) and _scaled_mm.
-CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
-
 _BLAS_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot",
              "_addmm_activation", "_scaled_mm", "_int_mm", "addr")
 _LT_OPS = ("_addmm_activation", "_scaled_mm")
-
-
-def cublas_workspace_bytes(sm90: bool = True) -> int:
-    """The cuBLAS workspace per handle and stream, as parseChosenWorkspaceSize computes it."""
-    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-    if config:
-        found = re.findall(r":([0-9]+):([0-9]+)", config)
-        if found:
-            return sum(int(size) * 1024 * int(count) for size, count in found)
-    return CUBLAS_WORKSPACE_SM90 if sm90 else CUBLAS_WORKSPACE_DEFAULT
-
-
-def cublaslt_workspace_bytes() -> int:
-    """The cuBLASLt workspace per handle and stream (CUBLASLT_WORKSPACE_SIZE KiB)."""
-    value = os.environ.get("CUBLASLT_WORKSPACE_SIZE")
-    try:
-        return int(value) * 1024 if value else CUBLASLT_WORKSPACE_BYTES
-    except ValueError:
-        return CUBLASLT_WORKSPACE_BYTES
 
 
 def _ops(names) -> frozenset:
@@ -72,17 +39,6 @@ def _ops(names) -> frozenset:
 BLAS_OPS = _ops(_BLAS_OPS)
 LT_OPS = _ops(_LT_OPS)
 _ADDMM = _ops(["addmm"])
-
-
-def local_gpu_is_sm90() -> bool:
-    """Whether cuBLAS would take Hopper's workspace here: this machine's GPU is sm_90, or
-    there is no GPU (the estimate then speaks for an H100/H200)."""
-    try:
-        if torch.cuda.is_available():
-            return tuple(torch.cuda.get_device_capability()) == (9, 0)
-    except Exception:
-        pass
-    return True
 
 
 class KernelWatch(TorchDispatchMode):

@@ -145,3 +145,35 @@ def test_steps_traced_with_stacks_paused_keep_their_lines_and_activations():
     assert all(b.source >= 0 and run.sources[b.source][0].endswith("test_allocator_gpu.py") for b in paused)
     kept = [b.category for b in paused if b.nbytes == 256 * 4096 * 4]     # GELU's input and output
     assert kept.count("activations") == 2, kept
+
+
+WORKSPACES = '''
+import json, torch
+from torch import nn
+from memdoctor.capture.session import Tracer
+model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with Tracer(models=[model], optimizers=[opt], source="allocator") as tracer:
+    for _ in range(2):
+        model(torch.randn(64, 256, device="cuda")).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    torch.cuda.synchronize()
+print(json.dumps([(b.nbytes, b.category, b.phase, b.name) for b in tracer.run.blocks.values()
+                  if b.nbytes >= 1 << 20]))
+'''
+
+
+def test_cublas_workspaces_count_as_other_not_as_the_forwards_activations():
+    """In a fresh process the first matmul of the main thread (forward) and of autograd's
+    thread (backward) each takes a cuBLAS workspace; nothing else here is 1 MiB or more."""
+    import json
+    import subprocess
+    import sys
+    from memdoctor.cuda.blas_workspaces import cublas_workspace_bytes, local_gpu_is_sm90
+    done = subprocess.run([sys.executable, "-c", WORKSPACES], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    big = json.loads(done.stdout.strip().splitlines()[-1])
+    assert big and all(category == "other" and name == "cuBLAS workspace" for _n, category, _p, name in big), big
+    full = [phase for nbytes, _c, phase, _n in big if nbytes == cublas_workspace_bytes(local_gpu_is_sm90())]
+    assert sorted(full) == ["backward", "forward"], big
