@@ -28,6 +28,7 @@ def _block(run: Run, nbytes: int, phase: str, freed: bool = False, shape=None) -
 def test_the_first_unclaimed_blocks_of_a_workspaces_size_are_workspaces():
     run = Run(source="allocator")
     forward = _block(run, WS, "forward")
+    forward.name = "linear.py:134 forward"                    # the frame that made it
     lt = _block(run, cublaslt_workspace_bytes(), "forward")
     freed = _block(run, WS, "forward", freed=True)            # freed: a tensor of that size
     claimed = _block(run, WS, "forward", shape=[2048, 4096])  # a tensor's: it has a shape

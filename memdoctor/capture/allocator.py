@@ -350,13 +350,14 @@ def _blas_workspaces(run: Run) -> None:
     thread's first matmul and keep it for the process's life (memdoctor.cuda.blas_workspaces):
     the main thread's in the first forward, autograd's device thread's in the first backward.
     The earliest two blocks of exactly such a size that are never freed and that no tensor
-    claims are those workspaces, counted as `other`: made in a forward and alive at its end,
+    claims (no owner, no shape; the name may be the frame that made it) are those
+    workspaces, counted as `other`: made in a forward and alive at its end,
     they would otherwise count as activations."""
     sizes = {cublas_workspace_bytes(local_gpu_is_sm90()), cublaslt_workspace_bytes()}
     temps = Category.TEMPORARIES.value
     seen: dict[int, int] = {}
     for b in sorted(run.blocks.values(), key=lambda b: b.alloc_seq):
-        if b.nbytes in sizes and b.free_seq is None and b.category == temps and not b.shape and not b.name \
+        if b.nbytes in sizes and b.free_seq is None and b.category == temps and not b.shape \
                 and seen.get(b.nbytes, 0) < 2:
             seen[b.nbytes] = seen.get(b.nbytes, 0) + 1
             b.category, b.name = Category.OTHER.value, "cuBLAS workspace"
