@@ -14,7 +14,13 @@ Each run also reports the CPU's side: ms until the iteration's work is queued, b
 part changed: Python stacks at every step, saved-tensor hooks on, no metadata tags, hooks on
 the outermost call only.
 
-Run: python benchmarks/trace_overhead_real.py [--rounds 3] [--out DIR]
+`--in-process` measures every mode in one process per workload instead, the same model and
+batch, mode after mode in windows of `--iters` iterations (the order rotated each round),
+each window's ratio taken to the plain window of its own round: what differs between two
+processes of one mode (the GPU's clocks, cuDNN's algorithm choice, the allocator's layout)
+then drops out of the ratio. memdoctor's analysis at each window's end is not timed.
+
+Run: python benchmarks/trace_overhead_real.py [--rounds 3] [--in-process] [--out DIR]
 Writes trace_overhead_real_<hardware>_<date>.json under DIR (default benchmarks/results).
 """
 from __future__ import annotations
@@ -125,8 +131,8 @@ def _resnet18(torch, nn):
     return nn.Sequential(*layers)
 
 
-def worker(workload: str, mode: str, iters: int) -> dict:
-    """Train `iters` iterations as the user's loop would; ms per iteration (median of 6-end)."""
+def build(workload: str):
+    """The workload's model, optimizer and a function of one iteration's loss, on the GPU."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -148,42 +154,49 @@ def worker(workload: str, mode: str, iters: int) -> dict:
 
         def loss_of():
             return F.cross_entropy(model(x), y)
+    return model, opt, loss_of
 
-    def loop() -> list[float]:
+
+def timed(opt, loss_of, iters: int) -> tuple[list[float], list[float]]:
+    """Seconds per iteration, and the CPU's side of each: until its ops are queued."""
+    import torch
+    times, launched = [], []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        launched.append(time.perf_counter() - t0)     # the CPU's side: ops queued, no wait yet
+        loss.item()                       # nanoGPT reads the loss every iteration
+        times.append(time.perf_counter() - t0)
+    return times, launched
+
+
+def window(model, opt, loss_of, mode: str, iters: int) -> dict:
+    """`iters` iterations under `mode`; ms per iteration (median of the 6th on)."""
+    import torch
+
+    def loop():
         profile_to = os.environ.get("TRACE_OVERHEAD_PROFILE")     # a path: profile the loop there
-        if profile_to:
-            import cProfile
-            prof = cProfile.Profile()
-            prof.enable()
-            try:
-                return timed()
-            finally:
-                prof.disable()
-                prof.dump_stats(profile_to)
-        return timed()
-
-    def timed() -> list[float]:
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = loss_of()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            launched.append(time.perf_counter() - t0)     # the CPU's side: ops queued, no wait yet
-            loss.item()                       # nanoGPT reads the loss every iteration
-            times.append(time.perf_counter() - t0)
-        return times
-
-    launched: list[float] = []
+        if not profile_to:
+            return timed(opt, loss_of, iters)
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            return timed(opt, loss_of, iters)
+        finally:
+            prof.disable()
+            prof.dump_stats(profile_to)
 
     post = None
     if mode == "plain":
-        times = loop()
+        times, launched = loop()
     elif mode == "history":
         torch.cuda.memory._record_memory_history(max_entries=1_000_000)
-        times = loop()
+        times, launched = loop()
         torch.cuda.memory._record_memory_history(enabled=None)
     else:
         import memdoctor
@@ -195,13 +208,35 @@ def worker(workload: str, mode: str, iters: int) -> dict:
         except TypeError as exc:
             return {"error": f"{mode}: {exc}"}
         with doc:
-            times = loop()
+            times, launched = loop()
             t_exit = time.perf_counter()
         post = time.perf_counter() - t_exit
-    kept = times[5:]
-    return {"ms": 1000 * statistics.median(kept), "cpu_ms": 1000 * statistics.median(launched[5:]),
-            "post_s": post,
-            "peak_allocated": torch.cuda.max_memory_allocated()}
+    return {"ms": 1000 * statistics.median(times[5:]), "cpu_ms": 1000 * statistics.median(launched[5:]),
+            "post_s": post, "peak_allocated": torch.cuda.max_memory_allocated()}
+
+
+def worker(workload: str, mode: str, iters: int) -> dict:
+    """Train `iters` iterations as the user's loop would, in this fresh process."""
+    model, opt, loss_of = build(workload)
+    return window(model, opt, loss_of, mode, iters)
+
+
+def in_process(workload: str, modes: list[str], rounds: int, iters: int) -> dict[str, list[dict]]:
+    """Every mode in this one process, window after window, the order rotated each round;
+    each run carries its ratio to the plain window of its round."""
+    model, opt, loss_of = build(workload)
+    timed(opt, loss_of, 10)                             # warm-up: kernels chosen, caches filled
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for r in range(rounds):
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
+        this_round = {m: window(model, opt, loss_of, m, iters) for m in order}
+        base = this_round.get("plain", {}).get("ms")
+        for m, res in this_round.items():
+            if base and "ms" in res:
+                res["ratio_in_round"] = res["ms"] / base
+            runs[m].append(res)
+            print(f"round {r} {workload:8s} {m:9s} {res}", flush=True)
+    return runs
 
 
 def summarize(results: dict) -> dict:
@@ -217,9 +252,14 @@ def summarize(results: dict) -> dict:
                 summary[w][m] = {"error": next((x.get("error") for x in runs if "error" in x), "no runs")}
                 continue
             cpu = [x["cpu_ms"] for x in runs if "cpu_ms" in x]
+            paired = [x["ratio_in_round"] for x in runs if "ratio_in_round" in x]
             summary[w][m] = {"ms_median": round(statistics.median(ms), 3), "ms_runs": [round(v, 3) for v in ms],
                              "cpu_ms_median": round(statistics.median(cpu), 3) if cpu else None,
-                             "ratio_to_plain": round(statistics.median(ms) / base, 4)}
+                             # in one process: the median of each round's ratio to its own plain window
+                             "ratio_to_plain": round(statistics.median(paired) if paired
+                                                     else statistics.median(ms) / base, 4)}
+            if paired:
+                summary[w][m]["ratios_by_round"] = [round(v, 4) for v in paired]
     return summary
 
 
@@ -230,16 +270,41 @@ def main() -> int:
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES + ABLATIONS)
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     ap.add_argument("--out", help="folder for the result file (default benchmarks/results)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="every mode in one process per workload, windows interleaved (see the docstring)")
     ap.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--in-process-worker", metavar="WORKLOAD", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(*args.worker, args.iters)))
+        return 0
+    if args.in_process and set(args.modes) & set(ABLATIONS):
+        raise SystemExit("--in-process measures the modes a user has: the ablations change the process for good")
+    if args.in_process_worker:
+        print(json.dumps(in_process(args.in_process_worker, args.modes, args.rounds, args.iters)))
         return 0
     import torch
     results: dict = {w: {m: [] for m in args.modes} for w in args.workloads}
     hardware = resultfile.hardware("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    for r in range(args.rounds):
+    def save(rounds_done: int):
+        summary = summarize(results)        # saved as it goes: a run cut short keeps what it has
+        return summary, resultfile.save("trace_overhead_real", hardware, {
+            "bench": "trace_overhead_real", "device": device, "rounds_done": rounds_done,
+            "in_process": args.in_process, "summary": summary, "runs": results}, args.out)
+
+    if args.in_process:
+        for w in args.workloads:
+            out = subprocess.run([sys.executable, __file__, "--iters", str(args.iters), "--rounds", str(args.rounds),
+                                  "--modes", *args.modes, "--in-process-worker", w], capture_output=True, text=True)
+            print(out.stdout.strip().rsplit("\n", 1)[0] if out.stdout.strip() else "", flush=True)
+            try:
+                results[w] = json.loads(out.stdout.strip().splitlines()[-1])
+            except (IndexError, ValueError):
+                results[w] = {m: [{"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}]
+                              for m in args.modes}
+            summary, path = save(args.rounds)
+    for r in range(0 if args.in_process else args.rounds):
         for w in args.workloads:
             for m in args.modes:
                 out = subprocess.run([sys.executable, __file__, "--iters", str(args.iters), "--worker", w, m],
@@ -250,10 +315,7 @@ def main() -> int:
                     res = {"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
                 results[w][m].append(res)
                 print(f"round {r} {w:8s} {m:9s} {res}", flush=True)
-        summary = summarize(results)        # saved after every round: a run cut short keeps its rounds
-        path = resultfile.save("trace_overhead_real", hardware, {
-            "bench": "trace_overhead_real", "device": device, "rounds_done": r + 1,
-            "summary": summary, "runs": results}, args.out)
+        summary, path = save(r + 1)
     print("\nworkload  mode            ms/iter  x plain  CPU ms/iter (queued before .item())")
     for w, by_mode in summary.items():
         for m, s in by_mode.items():
