@@ -301,9 +301,12 @@ class OwnershipHooks:
         for t in _tensors(args) + _tensors(kwargs) if kwargs else _tensors(args):
             self._claim_input(t)
         name = self.module_names.get(id(module), type(module).__name__)
-        call = ForwardCall(len(self.calls), name, len(rec.run.actions), training=module.training,
-                           grad_enabled=torch.is_grad_enabled(), params=id(module) in self.roots)
-        self.calls.append(call)
+        calls = self.calls
+        # positional: index, module, seq_start, seq_end, training, grad_enabled, backward,
+        # mark_start, mark_end, params
+        call = ForwardCall(len(calls), name, len(rec.run.actions), None, module.training,
+                           _grad_enabled(), False, 0, None, id(module) in self.roots)
+        calls.append(call)
         self.stack.append(name)
         rec.forward_depth += 1
         rec.mark(_FORWARD, name)
@@ -582,6 +585,7 @@ def _pop_saved_hooks(pack) -> None:
 
 
 _graph_task = torch._C._current_graph_task_id      # -1 outside autograd's engine
+_grad_enabled = torch.is_grad_enabled
 
 
 def _in_backward() -> bool:
