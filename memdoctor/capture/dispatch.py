@@ -54,7 +54,7 @@ class DispatchSource(TorchDispatchMode):
     def __init__(self, recorder: Recorder):
         super().__init__()
         self.recorder = recorder
-        self._names: dict = {}
+        self._names: dict[int, tuple] = {}     # id(op) -> (op, its name): an OpOverload's hash is a Python method
         # id(op) -> (op, its name, its C++ callable), for the ops whose output goes the inline
         # way (plain OpOverloads, all but the zeroing ones); keyed by id: an OpOverload's hash
         # is a Python method
@@ -133,9 +133,12 @@ class DispatchSource(TorchDispatchMode):
 
     def _record(self, func, out, args) -> None:
         rec = self.recorder
-        name = self._names.get(func)
-        if name is None:
-            name = self._names[func] = f"aten.{func.overloadpacket.__name__}"
+        known = self._names.get(id(func))
+        if known is not None and known[0] is func:
+            name = known[1]
+        else:
+            name = f"aten.{func.overloadpacket.__name__}"
+            self._names[id(func)] = (func, name)
             if name not in _ZEROING and type(func) is _OpOverload:
                 self._plain[id(func)] = (func, name, func._op)
         if name in _ZEROING:
