@@ -83,7 +83,7 @@ class Block:
     source: int = -1            # index into Run.sources: the user's line that made it; -1 unknown
 
 
-@dataclass
+@dataclass(slots=True)
 class Mark:
     """From event index `seq` on, the run is in `phase` of `step` (module: the outermost
     module running, if any)."""

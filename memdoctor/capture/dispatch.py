@@ -38,6 +38,7 @@ _BACKWARD = Phase.BACKWARD.value
 _SEQUENCES = (tuple, list)
 _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat)
 Tensor = torch.Tensor
+_OpOverload = torch._ops.OpOverload
 # `zero_grad(set_to_none=False)` zeroes gradients in place: the line that keeps them allocated
 _ZEROING = frozenset({"aten.zero_", "aten._foreach_zero_"})
 _GRADIENTS = Category.GRADIENTS.value
@@ -54,9 +55,10 @@ class DispatchSource(TorchDispatchMode):
     def __init__(self, recorder: Recorder):
         super().__init__()
         self.recorder = recorder
-        self._names: dict = {}
-        # id(op) -> (op, its name), for the ops whose output goes the inline way (all but the
-        # zeroing ones); keyed by id: an OpOverload's hash is a Python method
+        self._names: dict[int, tuple] = {}     # id(op) -> (op, its name): an OpOverload's hash is a Python method
+        # id(op) -> (op, its name, its C++ callable), for the ops whose output goes the inline
+        # way (plain OpOverloads, all but the zeroing ones); keyed by id: an OpOverload's hash
+        # is a Python method
         self._plain: dict[int, tuple] = {}
         self.broken = False
         self._frames = UserFrames(recorder.run.sources)
@@ -89,8 +91,14 @@ class DispatchSource(TorchDispatchMode):
                 super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        known = self._plain.get(id(func))
+        if known is not None and known[0] is not func:
+            known = None
         try:
-            out = func(*args, **kwargs) if kwargs else func(*args)
+            if known is not None:       # the op's C++ callable, as OpOverload.__call__ calls it
+                out = known[2](*args, **kwargs) if kwargs else known[2](*args)
+            else:
+                out = func(*args, **kwargs) if kwargs else func(*args)
         except torch.OutOfMemoryError as exc:      # the GPU's own, under a capped allocator
             self._real_oom(exc, func, args, kwargs)
             raise
@@ -98,8 +106,7 @@ class DispatchSource(TorchDispatchMode):
             return out
         try:
             # one op's output, a plain tensor, is by far the most common: recorded here inline
-            known = self._plain.get(id(func))
-            if known is not None and known[0] is func and type(out) is Tensor:
+            if known is not None and type(out) is Tensor:
                 rec = self.recorder
                 if (_in_backward() != -1) is not (rec.phase == _BACKWARD):     # entered or left
                     self._follow_backward()
@@ -127,11 +134,14 @@ class DispatchSource(TorchDispatchMode):
 
     def _record(self, func, out, args) -> None:
         rec = self.recorder
-        name = self._names.get(func)
-        if name is None:
-            name = self._names[func] = f"aten.{func.overloadpacket.__name__}"
-            if name not in _ZEROING:
-                self._plain[id(func)] = (func, name)
+        known = self._names.get(id(func))
+        if known is not None and known[0] is func:
+            name = known[1]
+        else:
+            name = f"aten.{func.overloadpacket.__name__}"
+            self._names[id(func)] = (func, name)
+            if name not in _ZEROING and type(func) is _OpOverload:
+                self._plain[id(func)] = (func, name, func._op)
         if name in _ZEROING:
             self._note_zeroed(args)
         self._follow_backward()

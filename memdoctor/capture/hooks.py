@@ -8,22 +8,21 @@ once, it never reaches the training loop.
 from __future__ import annotations
 
 import functools
-import sys
 import weakref
 from dataclasses import dataclass, fields
 from operator import attrgetter
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from memdoctor.run import Category, Phase
+from memdoctor.capture.callargs import call_kwargs as _call_kwargs, tensors_in as _tensors
 from memdoctor.capture.recorder import Recorder, log
 from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
 DATASET_ROWS = 4        # an input taken from a storage this many times its size: a dataset's slice
 _FORWARD, _BACKWARD, _OPTIMIZER = Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value
-_INPUTS = Category.INPUTS.value
+_INPUTS, _ACTIVATIONS = Category.INPUTS.value, Category.ACTIVATIONS.value
 
 
 @dataclass(slots=True)
@@ -301,9 +300,12 @@ class OwnershipHooks:
         for t in _tensors(args) + _tensors(kwargs) if kwargs else _tensors(args):
             self._claim_input(t)
         name = self.module_names.get(id(module), type(module).__name__)
-        call = ForwardCall(len(self.calls), name, len(rec.run.actions), training=module.training,
-                           grad_enabled=torch.is_grad_enabled(), params=id(module) in self.roots)
-        self.calls.append(call)
+        calls = self.calls
+        # positional: index, module, seq_start, seq_end, training, grad_enabled, backward,
+        # mark_start, mark_end, params
+        call = ForwardCall(len(calls), name, len(rec.run.actions), None, module.training,
+                           _grad_enabled(), False, 0, None, id(module) in self.roots)
+        calls.append(call)
         self.stack.append(name)
         rec.forward_depth += 1
         rec.mark(_FORWARD, name)
@@ -449,13 +451,28 @@ class OwnershipHooks:
 
     # ---- backward -------------------------------------------------------------------
     def _pack(self, tensor):
-        """Must hand the tensor back whatever happens, or autograd would lose it."""
-        self._claim_saved(tensor)
+        """Must hand the tensor back whatever happens, or autograd would lose it. Runs for
+        nearly every op of a forward, so `guarded`'s wrapper is written out here."""
+        if self.broken:
+            return tensor
+        try:
+            self._claim_saved(tensor)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            self.stop_after(exc)
         return tensor
 
-    @guarded
-    def _claim_saved(self, tensor):
-        self.rec.claim(tensor, Category.ACTIVATIONS.value)
+    def _claim_saved(self, tensor) -> None:
+        """`claim(tensor, activations)`; a storage counted already (nearly always: an op's
+        output, a weight) the short way, as _claim_input does."""
+        rec = self.rec
+        try:
+            storage = tensor.untyped_storage()
+        except Exception:
+            storage = None
+        if storage is None or not rec.claim_counted(tensor, storage, _ACTIVATIONS):
+            rec.claim(tensor, _ACTIVATIONS, storage=storage)
 
     @guarded
     def _grad_ready(self, param, name: str):
@@ -504,59 +521,6 @@ class OwnershipHooks:
         return "forward", [c.mark_start for c in models if c.module == top][1:]
 
 
-_WRAPPED_CALL = getattr(getattr(torch.nn.Module, "_wrapped_call_impl", None), "__code__", None)
-
-
-def _call_kwargs(depth: int) -> dict | None:
-    """The keyword arguments of the module call whose global pre-hook is running
-    (`model(input_ids=ids)`): torch hands global pre-hooks the positional ones only.
-    `depth`: frames from here up to torch's `inner` in `Module._call_impl`, which calls the
-    hooks and holds the kwargs among a dozen locals. Two frames above it, the
-    `Module._wrapped_call_impl(self, *args, **kwargs)` that called `_call_impl` holds the same
-    ones among three (reading a frame's locals copies them all); where the call came another
-    way (a compiled module, `_call_impl` called directly), `inner`'s are read. None where
-    neither holds them (another torch version): those inputs go unclaimed."""
-    try:
-        try:
-            frame = sys._getframe(depth + 2)
-        except ValueError:          # fewer frames than that: not called the usual way
-            frame = None
-        if frame is None or frame.f_code is not _WRAPPED_CALL:
-            frame = sys._getframe(depth)
-            if not frame.f_code.co_filename.endswith(("module.py", "module.pyc")):
-                return None
-        kwargs = frame.f_locals.get("kwargs")
-    except Exception:
-        return None
-    return kwargs if isinstance(kwargs, dict) else None
-
-
-_ATOMS = (int, float, bool, str, type(None))
-_Tensor = torch.Tensor
-
-
-def _tensors(obj) -> list:
-    """The tensors in a module's arguments or output. A tensor, a flat tuple of tensors and
-    plain values or a dict of them (the call's keyword arguments, most often none) is by far
-    the most common: walked directly, a pytree flatten (several microseconds, a transform
-    called once a sample) only for anything nested."""
-    if obj is None:
-        return []
-    if isinstance(obj, _Tensor):
-        return [obj]
-    kind = type(obj)
-    if kind is tuple or kind is list or kind is dict:
-        found = []
-        for x in (obj.values() if kind is dict else obj):
-            if isinstance(x, _Tensor):
-                found.append(x)
-            elif not isinstance(x, _ATOMS):
-                break
-        else:
-            return found
-    return [t for t in tree_leaves(obj) if isinstance(t, _Tensor)]
-
-
 def _storage_key(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage()._cdata
@@ -582,6 +546,7 @@ def _pop_saved_hooks(pack) -> None:
 
 
 _graph_task = torch._C._current_graph_task_id      # -1 outside autograd's engine
+_grad_enabled = torch.is_grad_enabled
 
 
 def _in_backward() -> bool:

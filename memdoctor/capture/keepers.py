@@ -26,6 +26,8 @@ log = logging.getLogger("memdoctor")
 
 ITEMS_CAP = 100_000            # items looked at per container
 _CONTAINERS = (list, tuple, dict, set, deque)
+_Tensor = torch.Tensor
+_is_functional = torch._is_functional_tensor
 _ADDERS = {"append", "extend", "insert", "appendleft", "extendleft", "add", "update", "setdefault", "put"}
 
 
@@ -152,12 +154,18 @@ def _storages(container) -> list[tuple[int, int]]:
     for value in items(container):
         inner = items(value) if isinstance(value, _CONTAINERS) else (value,)
         for t in inner:
-            if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter) and not is_fake(t):
-                try:
-                    s = t.untyped_storage()
-                    out.append((s._cdata, s.data_ptr()))
-                except Exception:
+            # a plain Tensor (no Parameter, no FakeTensor) is fake only as a functional
+            # wrapper: checked directly, is_fake's longer walk kept for the subclasses
+            if type(t) is _Tensor:
+                if _is_functional(t) and is_fake(t):
                     continue
+            elif not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or is_fake(t):
+                continue
+            try:
+                s = t.untyped_storage()
+                out.append((s._cdata, s.data_ptr()))
+            except Exception:
+                continue
     return out
 
 

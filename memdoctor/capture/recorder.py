@@ -305,6 +305,20 @@ class Recorder:
             # shape and dtype kept as torch gives them: turned into text once, at the join
             self.claims.append((len(self.run.marks) - 1, addr, category, name, tensor.shape, tensor.dtype))
             return
+        if type(tensor) in _PLAIN:      # what `add` does for a storage counted already, inline:
+            if storage is None:         # an optimizer's state and the saved tensors, each step
+                try:
+                    storage = tensor.untyped_storage()
+                except Exception:
+                    return
+            entry = self.live.get(storage._cdata)
+            if entry is not None:
+                block = entry.block
+                if block.category != category:
+                    block.category = stronger(category, block.category)
+                if name and block.category == category:
+                    block.name = name
+                return
         block = self.add(tensor, name or "", category, before=True, storage=storage)
         if block is not None and name and block.category == category:
             block.name = name
