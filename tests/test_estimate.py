@@ -590,6 +590,23 @@ def test_layer_norm_outputs_are_contiguous_as_the_kernels_make_them():
     assert bare != plain and laid_out == plain
 
 
+def test_a_module_deep_copied_on_fake_tensors_keeps_its_parameters_mode():
+    # a deep-copied fake parameter carried a copy of its fake mode: the mode in force took
+    # it for a foreign tensor, and its views for another storage than its own
+    import copy
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from memdoctor.predict.fake_build import deepcopy_keeps_fake_mode
+
+    def views_share_storage(mode) -> bool:
+        with mode:
+            w = copy.deepcopy(nn.Linear(64, 64)).weight
+            return w.fake_mode is mode and w.t().untyped_storage()._cdata == w.untyped_storage()._cdata
+    assert not views_share_storage(FakeTensorMode(allow_non_fake_inputs=True))
+    with deepcopy_keeps_fake_mode():
+        assert views_share_storage(FakeTensorMode(allow_non_fake_inputs=True))
+    assert "__deepcopy__" not in FakeTensorMode.__dict__
+
+
 def test_dense_means_no_gaps_or_overlaps_in_any_dimension_order():
     from memdoctor.predict.kernel_watch import _dense
     assert _dense(torch.empty(1, 128, 768)) and _dense(torch.empty(4, 5).t())
