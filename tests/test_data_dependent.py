@@ -150,6 +150,31 @@ class Lstm(nn.Module):
         return self.rnn(x)[0]
 
 
+class LayerDrop(nn.Module):
+    """Skips each layer when a fresh random draw falls under a rate, as wav2vec2's and
+    HuBERT's encoders do in training."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(256, 256) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            if torch.rand([]) < 0.1:              # LayerDrop
+                continue
+            x = layer(x)
+        return x
+
+
+def test_a_branch_a_random_draw_decides_is_noted_as_differing_from_step_to_step():
+    est = _estimate(LayerDrop, lambda: torch.randn(64, 256), lambda m, x: m(x).square().mean())
+    drawn = [n for n in est.notes if "random draw decides a branch" in n]
+    assert len(drawn) == 1 and "test_data_dependent.py" in drawn[0] and "reserved peak" in drawn[0]
+    assert not [n for n in est.notes if "depends on weights" in n]
+    # every layer ran: the branch with the most memory
+    assert sum(1 for b in est.run.blocks.values() if b.name == "aten.addmm" and b.phase == "forward") >= 3
+
+
 def test_cudnn_rnns_run_fused_with_their_reserve_space_bounded_and_noted():
     for cell, gates in (("LSTM", 4), ("GRU", 3)):
         est = _estimate(lambda: Lstm(cell), lambda: torch.randn(16, 128, 256), lambda m, b: m(b).mean(), settle=False)

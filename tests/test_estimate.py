@@ -502,6 +502,111 @@ def test_the_estimated_peak_of_a_gradient_sum_is_the_plain_runs():
     assert abs(est.live_peak_bytes - before - measured) <= 1024
 
 
+def _plain_allocations(fn, nbytes: int) -> int:
+    """How many allocations of `nbytes` a plain (no dispatch mode) run of `fn` makes on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return sum(1 for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.nbytes() == nbytes)
+
+
+def _last_step_allocations(est, nbytes: int) -> int:
+    last = max(b.step for b in est.run.blocks.values())
+    return sum(1 for b in est.run.blocks.values() if b.nbytes == nbytes and b.step == last)
+
+
+class _TransposedProjection(nn.Module):
+    """nn.Linear on a transposed activation, as SegFormer's decode head projects
+    `hidden.flatten(2).transpose(1, 2)`: ATen's linear takes its matmul path and adds the
+    bias after it."""
+
+    def __init__(self, dim=1024):
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.lin(x.transpose(1, 2))
+
+
+def test_linear_adds_its_bias_in_place_as_the_plain_run_does():
+    # the plain run adds the bias into the matmul's output (output.add_(bias)); under a
+    # dispatch mode ATen adds it out of place, one more output-sized block a step
+    n, d = 2048, 1024
+    model_fn = lambda: _TransposedProjection(d)                      # noqa: E731
+    opt_fn = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)       # noqa: E731
+    batch_fn = lambda: torch.randn(2, d, n)                          # noqa: E731
+    loss = lambda m, x: m(x).square().mean()                         # noqa: E731
+    est = estimate(model_fn, opt_fn, batch_fn, loss, device="cpu")
+    model, batch = model_fn(), batch_fn()
+    opt = opt_fn(model)
+    train_step(model, opt, batch, loss)
+    plain = _plain_allocations(lambda: train_step(model, opt, batch, loss), 2 * n * d * 4)
+    assert plain == 7
+    assert _last_step_allocations(est, 2 * n * d * 4) == plain      # 8 with the bias added apart
+    assert not [b for b in est.run.blocks.values() if b.name == "aten.add" and b.phase == "forward"]
+
+
+def test_an_indexing_backward_accumulates_in_place_as_the_plain_run_does():
+    # index_backward puts the gradient into fresh zeros in place on plain tensors and out of
+    # place under a dispatch mode: the estimate keeps one block, whose peak is the plain run's
+    n, d = 4096, 1024
+    rows = torch.arange(0, n, 2)
+    model_fn = lambda: nn.Linear(16, d)                              # noqa: E731
+    opt_fn = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)       # noqa: E731
+    batch_fn = lambda: torch.randn(n, 16)                            # noqa: E731
+    loss = lambda m, x: m(x)[rows].sum()                             # noqa: E731
+    est = estimate(model_fn, opt_fn, batch_fn, loss, device="cpu")
+    model, batch = model_fn(), batch_fn()
+    opt = opt_fn(model)
+    measured = _plain_peak_bytes(lambda: [train_step(model, opt, batch, loss) for _ in range(2)])
+    before = sum(p.numel() * 4 for p in model.parameters()) + batch.numel() * 4 + rows.numel() * 8
+    assert abs(measured - 24 * 2 ** 20) <= 1024
+    assert abs(est.live_peak_bytes - before - measured) <= 1024     # 32 MiB with the copy
+    assert not [b for b in est.run.blocks.values() if b.name == "aten.index_put"]
+
+
+def test_layer_norm_outputs_are_contiguous_as_the_kernels_make_them():
+    # the meta kernels lay Y out as the input and dX as the output gradient; the device
+    # kernels make both contiguous (here: the CPU's, which allocates them as CUDA's does)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from memdoctor.predict.kernel_layouts import KernelLayouts
+    aten = torch.ops.aten
+
+    def strides(x, grad):
+        w, b = torch.ones(768), torch.zeros(768)
+        y, mean, rstd = aten.native_layer_norm(x, [768], w, b, 1e-5)
+        dx = aten.native_layer_norm_backward(grad, x, [768], mean, rstd, w, b, [True, True, True])[0]
+        return y.stride(), dx.stride()
+
+    def inputs():
+        return torch.randn(4, 768, 49).transpose(1, 2), torch.randn(4, 768, 49).transpose(1, 2)
+    plain = strides(*inputs())
+    with FakeTensorMode():
+        x, grad = inputs()
+        bare = strides(x, grad)
+        with KernelLayouts():
+            laid_out = strides(x, grad)
+    assert plain == ((37632, 768, 1), (37632, 768, 1))
+    assert bare != plain and laid_out == plain
+
+
+def test_a_module_deep_copied_on_fake_tensors_keeps_its_parameters_mode():
+    # a deep-copied fake parameter carried a copy of its fake mode: the mode in force took
+    # it for a foreign tensor, and its views for another storage than its own
+    import copy
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from memdoctor.predict.fake_build import deepcopy_keeps_fake_mode
+
+    def views_share_storage(mode) -> bool:
+        with mode:
+            w = copy.deepcopy(nn.Linear(64, 64)).weight
+            return w.fake_mode is mode and w.t().untyped_storage()._cdata == w.untyped_storage()._cdata
+    assert not views_share_storage(FakeTensorMode(allow_non_fake_inputs=True))
+    with deepcopy_keeps_fake_mode():
+        assert views_share_storage(FakeTensorMode(allow_non_fake_inputs=True))
+    assert "__deepcopy__" not in FakeTensorMode.__dict__
+
+
 def test_dense_means_no_gaps_or_overlaps_in_any_dimension_order():
     from memdoctor.predict.kernel_watch import _dense
     assert _dense(torch.empty(1, 128, 768)) and _dense(torch.empty(4, 5).t())

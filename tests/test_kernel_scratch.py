@@ -232,3 +232,33 @@ def test_the_estimate_copies_channels_last_logits_for_the_cross_entropy():
     for b in copies:
         made = run.blocks[run.event_blocks[b.alloc_seq - 1]]
         assert made.name == "aten._log_softmax" and b.free_seq == b.alloc_seq + 1
+
+
+def _plain_cpu_allocations(fn) -> list[int]:
+    """The sizes a plain CPU call allocates, in order (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    return [e.nbytes() for e in events if e.nbytes() > 0]
+
+
+def test_roll_over_two_dims_makes_an_intermediate_as_the_kernels_do():
+    # roll_common rolls one dimension at a time on CUDA and the CPU alike: Swin's cyclic
+    # shift (two dims) makes a full-size intermediate before its output (the H200's trace of
+    # swin/ckpt/b64: 73.5 MiB twice per shift, the first freed after the output is made)
+    x = torch.randn(8, 56, 56, 96)
+    nbytes = x.numel() * 4
+    plain = _plain_cpu_allocations(lambda: torch.roll(x, (-3, -3), (1, 2)))
+    assert plain == [nbytes, nbytes]
+    scratch = scratch_for(aten.roll.default, (meta(8, 56, 56, 96), [-3, -3], [1, 2]), {}, H200)
+    assert [(s.nbytes, s.before_outputs, s.outlives) for s in scratch] == [(nbytes, True, None)]
+    # one dimension of a contiguous input: the output alone; a transposed input: a copy first
+    assert scratch_for(aten.roll.default, (meta(8, 56, 56, 96), [3], [1]), {}, H200) == []
+    # (the CPU's one-dimension roll concatenates two narrows of any layout: intermediate and
+    # output only; CUDA's roll_cuda makes the input contiguous first)
+    y = torch.randn(8, 96, 56, 56).transpose(1, 3)
+    assert _plain_cpu_allocations(lambda: torch.roll(y, (3, 3), (1, 2))) == [nbytes] * 2
+    scratch = scratch_for(aten.roll.default, (meta(8, 96, 56, 56).transpose(1, 3), [3, 3], [1, 2]), {}, H200)
+    assert [(s.nbytes, s.before_outputs, s.outlives) for s in scratch] == [(nbytes, True, 1), (nbytes, True, None)]

@@ -29,6 +29,9 @@ match, byte for byte, the allocator's traces of training steps recorded on an H2
 - embedding backward (more than 3072 indices): the sort, segment and per-segment gradient
   buffers, sized for the worst case as the kernel sizes them (cub's temporaries
   approximately);
+- roll over several dimensions: one intermediate per dimension but the last, as large as
+  the input, before the output (roll_common), and a contiguous copy of a non-contiguous
+  input;
 - layer norm (forward and backward): a contiguous copy of an input that is not contiguous
   (layer_norm_kernel.cu's `expect_contiguous`), which fake kernels never make: Whisper's
   encoder keeps its hidden states in the transposed layout of its convolutions' output, so
@@ -241,6 +244,31 @@ def _layer_norm_backward(args, kwargs, gpu: Gpu) -> list[Scratch]:
     return out
 
 
+def _roll(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    """roll_cuda (TensorTransformations.cu) rolls one dimension at a time: with several,
+    roll_common rolls the first into a new tensor and rolls that by the rest, so k
+    dimensions make k - 1 intermediates as large as the input before the output, released
+    last first when the call returns; a non-contiguous input is first copied
+    (`self.contiguous()`), freed once the first roll is made (with no dims: flattened, the
+    copy kept to the end). The H200's trace of Swin's cyclic shift (two dims): an
+    intermediate, then the output, then the intermediate freed."""
+    x = args[0]
+    shifts = args[1] if len(args) > 1 else kwargs.get("shifts")
+    dims = args[2] if len(args) > 2 else kwargs.get("dims", ())
+    if not isinstance(x, torch.Tensor) or x.numel() == 0:
+        return []
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts or ())
+    dims = [dims] if isinstance(dims, int) else list(dims or ())
+    nbytes = _nbytes(x)
+    copy = [] if x.is_contiguous() else [Scratch(nbytes, "roll: contiguous copy of the input", before_outputs=True)]
+    if len(dims) <= 1:
+        return copy
+    if copy:
+        copy = [Scratch(nbytes, copy[0].label, before_outputs=True, outlives=1)]
+    return copy + [Scratch(nbytes, "roll: one dimension rolled", before_outputs=True)
+                   for _ in range(len(dims) - 1)]
+
+
 def _rules() -> dict:
     rules = {}
     # sum vectorizes 16-bit inputs by 8 (its default), mean by 4 (Reduce.cuh's MeanOps)
@@ -258,7 +286,8 @@ def _rules() -> dict:
                        ("_softmax", _softmax_forward),
                        ("_log_softmax", _softmax_forward),
                        ("native_layer_norm", _layer_norm),
-                       ("native_layer_norm_backward", _layer_norm_backward)):
+                       ("native_layer_norm_backward", _layer_norm_backward),
+                       ("roll", _roll)):
         packet = getattr(aten, name, None)
         if packet is not None:
             rules[packet.default] = rule

@@ -124,13 +124,15 @@ def _boolean_mask_as_additive(mask, dtype, fill: float):
     return torch.where(mask.logical_not(), fill, torch.zeros((), dtype=dtype, device=mask.device))
 
 
-def _aligned_mask(mask, alignment: int = 16):
-    """The memory-efficient kernel's bias: strides multiples of 16 elements, else a padded
-    copy sliced back to its size (attention.cpp, preprocess_mask)."""
-    if all(st % alignment == 0 for st in mask.stride()[:-1]):
+def _aligned_mask(mask, alignment: int = 8):
+    """The memory-efficient kernel's bias: strides multiples of 8 elements
+    (mem_eff_alignment), else a copy padded by `alignment - last % alignment` columns and
+    sliced back to its size (attention.cpp, preprocess_mask and pad_bias). The H200's trace
+    of Swin in fp32 has its 49 x 49 window masks padded to 56 columns."""
+    if mask.stride()[-1] == 1 and all(st % alignment == 0 for st in mask.stride()[:-1]):
         return mask
     last = mask.shape[-1]
-    pad = (alignment - last % alignment) % alignment
+    pad = alignment - last % alignment
     return F.pad(mask, (0, pad))[..., :last]
 
 

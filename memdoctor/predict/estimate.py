@@ -73,10 +73,12 @@ from memdoctor.predict.fused_rnn import cudnn_rnns
 from memdoctor.predict.anchors import compute_anchors
 from memdoctor.predict.distributed import one_rank
 from memdoctor.predict.events import batch_blocks, insert_events, inputs_are_the_batch, reorder_allocations
-from memdoctor.predict.fake_build import call_build, fakeify
+from memdoctor.predict.fake_build import call_build, deepcopy_keeps_fake_mode, fakeify
 from memdoctor.predict.fake_step import force_cuda_default_foreach, train_step
 from memdoctor.predict.fused_tables import FusedTables
 from memdoctor.predict.grad_sums import merge_in_place, sums_in_place
+from memdoctor.predict.kernel_layouts import KernelLayouts
+from memdoctor.predict.linear_bias import linear_calls
 from memdoctor.predict.kernel_watch import (
     KernelWatch,
     cublas_workspace_bytes,
@@ -274,7 +276,8 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     forced_foreach = False
     stage = "building the model, optimizer and batch"
     try:
-        with fake_mode, values, redirect, cuda_kernels, rnns, eager() as libraries:
+        with fake_mode, values, KernelLayouts(), redirect, cuda_kernels, rnns, linear_calls(), \
+                deepcopy_keeps_fake_mode(), eager() as libraries:
             with tracer:
                 watch = KernelWatch(tracer.recorder, Gpu.local() if target.device == "cuda" else None, conv_probe)
                 with watch:

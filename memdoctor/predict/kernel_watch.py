@@ -2,7 +2,8 @@
 the cuBLAS and cuBLASLt workspaces each thread allocates at its first matmul, the scratch
 each op's CUDA kernel takes and gives back inside the call (memdoctor.cuda.kernel_scratch),
 the convolutions to measure (memdoctor.predict.op_probe), the work counted for the step
-time, and the gradient sums autograd would make in place (memdoctor.predict.grad_sums);
+time, and the gradient sums autograd would make in place, and F.linear's bias added and the indexing
+backward's accumulation made in place (memdoctor.predict.grad_sums);
 the outputs a CUDA kernel allocates in another order than the op returns them
 (memdoctor.cuda.output_order); and those workspaces and scratch as events to insert into
 the Run."""
@@ -15,8 +16,9 @@ from memdoctor.cuda.blas_workspaces import (  # noqa: F401  (re-exported: the es
     CUBLASLT_WORKSPACE_BYTES, cublas_workspace_bytes, cublaslt_workspace_bytes, local_gpu_is_sm90)
 from memdoctor.cuda.kernel_scratch import scratch_for
 from memdoctor.cuda.output_order import cuda_output_order
+from memdoctor.predict.linear_bias import in_linear
 from memdoctor.predict.step_time import WorkCounter
-from memdoctor.run import Category
+from memdoctor.run import Action, Category
 
 __all__ = ["KernelWatch", "CUBLASLT_WORKSPACE_BYTES", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
            "local_gpu_is_sm90", "workspace_events", "scratch_events"]
@@ -72,6 +74,8 @@ class KernelWatch(TorchDispatchMode):
         in_backward = torch._C._current_graph_task_id() != -1
         if in_backward:
             self._note_backward_op(func, args, kwargs, out, before)
+        if func is torch.ops.aten.add.Tensor and in_linear():
+            self._note_bias_add(args, kwargs, out, before)
         self.work.note(func, args, kwargs, out, self.recorder.step,
                        "backward" if in_backward else self.recorder.phase)
         if packet in BLAS_OPS:
@@ -99,7 +103,11 @@ class KernelWatch(TorchDispatchMode):
         node = torch._C._current_autograd_node()
         if node is not self._node:
             self._node, self._node_start = node, before
-        if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2 or torch.is_grad_enabled():
+        if func is torch.ops.aten.index_put.default:
+            self._note_index_backward(args, kwargs, out, before)
+            return
+        if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2 or torch.is_grad_enabled() or \
+                in_linear():
             return
         a, b = args
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(out, torch.Tensor)):
@@ -113,6 +121,46 @@ class KernelWatch(TorchDispatchMode):
         # storage alone: dense, and not a view, whose base holds the storage too
         if _dense(a) and not a._is_view():
             self.accumulations.append((before, len(self.run.actions), (blocks[0],), blocks[2]))
+
+    def _note_bias_add(self, args, kwargs, out, before: int) -> None:
+        """Note F.linear's bias added after its matmul: in place on real tensors, out of
+        place on fake ones (memdoctor.predict.linear_bias); the product counts when it is
+        the last block allocated before the add, dense and not a view."""
+        if kwargs or len(args) != 2 or not all(isinstance(t, torch.Tensor) for t in (*args, out)):
+            return
+        product = args[0]
+        if product.shape != out.shape or product.dtype != out.dtype or product._is_view() or not _dense(product):
+            return
+        blocks = [self._block_of(product), self._block_of(out)]
+        if None in blocks:
+            return
+        seq = before - 1
+        actions = self.run.actions
+        while seq >= 0 and actions[seq] != Action.ALLOC:
+            seq -= 1
+        if seq < 0 or self.run.event_blocks[seq] != blocks[0]:
+            return
+        self.accumulations.append((before, len(self.run.actions), (blocks[0],), blocks[1]))
+
+    def _note_index_backward(self, args, kwargs, out, before: int) -> None:
+        """Note an indexing's backward: autograd's `index_backward` (FunctionsManual.cpp)
+        accumulates the gradient into fresh zeros in place, `_index_put_impl_(zeros, indices,
+        grad, accumulate=true)`, on real tensors, and calls the out-of-place `index_put` only
+        when a tensor is subclass-like, as under a dispatch mode; so the fake run has a copy
+        of the zeros the GPU never makes (the H200's trace of Mixtral's expert routing: one
+        block where the fake run has two). The zeros count when this node made them and
+        they are dense and not a view; memdoctor.predict.grad_sums merges the copy into them
+        when the zeros' free follows at once."""
+        accumulate = args[3] if len(args) > 3 else (kwargs or {}).get("accumulate", False)
+        if accumulate is not True or not args or not isinstance(out, torch.Tensor):
+            return
+        zeros = args[0]
+        if not isinstance(zeros, torch.Tensor) or zeros._is_view() or not _dense(zeros) or zeros.shape != out.shape:
+            return
+        blocks = [self._block_of(zeros), self._block_of(out)]
+        if None in blocks or self.run.blocks[blocks[0]].alloc_seq < self._node_start:
+            return
+        self.accumulations.append((before, len(self.run.actions), (blocks[0],), blocks[1]))
 
     def _note_order(self, order: tuple[int, ...], out, before: int) -> None:
         """Note the op's new output blocks in the order its CUDA kernel allocates them."""
