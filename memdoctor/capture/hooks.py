@@ -17,6 +17,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from memdoctor.run import Category, Phase
+from memdoctor.capture.frames import first_user_frame
 from memdoctor.capture.recorder import Recorder, log
 from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
@@ -40,6 +41,8 @@ class ForwardCall:
     mark_end: int | None = None
     params: bool = False        # the module holds parameters: a model, not a transform or a loss
     graph: bool = False         # its output carries an autograd graph (grad mode on, something to save)
+    model: int = -1             # which model object ran (calls of one model share it; two of one class do not)
+    site: list | None = None    # [file, line, function]: the user's line that called it
 
 
 def guarded(method):
@@ -78,6 +81,7 @@ class OwnershipHooks:
         self.broken = False
         self.handles: list = []
         self.roots: dict[int, weakref.ref] = {}
+        self.root_order: dict[int, int] = {}       # id of a model -> the order it was first seen in
         self.module_names: dict[int, str] = {}
         self.param_names: dict[int, str] = {}
         self.stack: list[str] = []
@@ -156,6 +160,7 @@ class OwnershipHooks:
         if id(root) in self.roots:
             return
         self.roots[id(root)] = weakref.ref(root)
+        self.root_order[id(root)] = len(self.root_order)
         if self.light:
             self._hook_root(root)
         by_address = self.rec.claims is not None     # the allocator source joins grads by address
@@ -301,8 +306,10 @@ class OwnershipHooks:
         for t in _tensors(args) + _tensors(kwargs) if kwargs else _tensors(args):
             self._claim_input(t)
         name = self.module_names.get(id(module), type(module).__name__)
+        site = first_user_frame(sys._getframe(1))    # the caller of the module, outwards from the hook
         call = ForwardCall(len(self.calls), name, len(rec.run.actions), training=module.training,
-                           grad_enabled=torch.is_grad_enabled(), params=id(module) in self.roots)
+                           grad_enabled=torch.is_grad_enabled(), params=id(module) in self.roots,
+                           model=self.root_order.get(id(module), -1), site=list(site) if site else None)
         self.calls.append(call)
         self.stack.append(name)
         rec.forward_depth += 1
@@ -449,9 +456,12 @@ class OwnershipHooks:
 
     # ---- backward -------------------------------------------------------------------
     def _pack(self, tensor):
-        """Must hand the tensor back whatever happens, or autograd would lose it."""
+        """Must hand the tensor back whatever happens, or autograd would lose it. A detached
+        alias (same storage): the tensor object itself, when it is the output of the node
+        saving it, would make a reference cycle through that node that keeps a graph nobody
+        back-propagates (an evaluation without no_grad) alive after the script drops it."""
         self._claim_saved(tensor)
-        return tensor
+        return tensor.detach()
 
     @guarded
     def _claim_saved(self, tensor):
