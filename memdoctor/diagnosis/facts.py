@@ -118,14 +118,21 @@ def _grad_mode_at(run: Run, seq: int) -> bool | None:
 
 
 def _pending_passes(run: Run) -> tuple[int, int | None]:
-    """At an OOM: the model calls in training mode with grad on since the last call that was
-    back-propagated (their backward has not come yet), and the event where the first began."""
+    """At an OOM: the calls of one model in training mode with grad on since the last call
+    that was back-propagated (their backward has not come yet), of the model called most
+    often there, and the event where the first of them began. Micro-batches whose losses
+    are summed call one model several times; separate models called once each (two towers
+    of a contrastive loss, an embedding then a recurrent layer) are one pass each."""
     if not run.ooms:
         return 0, None
     calls = [c for c in run.meta.get("forward_calls", []) if isinstance(c, dict)]
     last = max((i for i, c in enumerate(calls) if c.get("backward")), default=-1)
-    pending = [c for c in calls[last + 1:]
-               if c.get("training") and c.get("grad_enabled") and c.get("params", True)]
+    by_model: dict = {}
+    for c in calls[last + 1:]:
+        if c.get("training") and c.get("grad_enabled") and c.get("params", True):
+            model = c.get("model", -1)      # runs saved before models were told apart: by name
+            by_model.setdefault(model if type(model) is int and model >= 0 else c.get("module"), []).append(c)
+    pending = max(by_model.values(), key=len, default=[])
     starts = [c["seq_start"] for c in pending if type(c.get("seq_start")) is int]
     return len(pending), (min(starts) if starts else None)
 

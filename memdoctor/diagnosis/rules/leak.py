@@ -20,7 +20,9 @@ Example
     bad:  history.append(loss)          embeddings.append(emb)
     good: history.append(loss.item())   embeddings.append(emb.detach().cpu())
 Fix
-    Keep plain numbers (`.item()`), or `.detach()` (and `.cpu()`) what you keep.
+    Keep plain numbers (`.item()`), or `.detach()` (and `.cpu()`) what you keep. Data
+    kept step after step (a cache filled as batches are read, made outside the model and
+    never saved for backward) has no graph: keep it on the host, or bound the container.
 Known limits
     A cache that fills on purpose (a replay buffer, a memory bank before it is full) grows
     the same way. Tensors set up before the first step (a dataset) never count as kept.
@@ -62,11 +64,27 @@ def check(f: Facts) -> Finding | None:
         + (f" from module {module}" if module else ""),
     ]
     predicted = live - leaked
-    remedies = [Remedy("keep detached copies or numbers",
-                       f"what keeps the {name} outputs alive across steps: store `.item()` or "
-                       "`.detach().cpu()` instead of the live tensor", predicted)]
+    if _without_graph(f.leaked):
+        # plain data kept step after step (a cache filled as the data is read): no graph to detach
+        evidence.append("made outside the model and never saved for backward: plain data a container "
+                        "(a cache, a list) keeps adding to")
+        remedies = [Remedy("keep the kept data on the host, or bound it",
+                           f"what keeps the {name} tensors across steps (a cache filled as batches are read) "
+                           "holds them on the device: keep them on the host (`.cpu()`, pinned), or cap "
+                           "or clear the container", predicted)]
+    else:
+        remedies = [Remedy("keep detached copies or numbers",
+                           f"what keeps the {name} outputs alive across steps: store `.item()` or "
+                           "`.detach().cpu()` instead of the live tensor", predicted)]
     return Finding(ID, f"memory leaks across steps: {format_bytes(f.growth_per_step)} a step, "
                        f"{format_bytes(leaked)} kept from earlier steps",
                    leaked, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted),
                    {"growth_per_step": f.growth_per_step, "steps": steps[-1] - steps[0] + 1,
                     "steps_from": f.steps_from})
+
+
+def _without_graph(blocks) -> bool:
+    """Most of the bytes were made outside any forward, backward or optimizer step and
+    never saved for backward: data, not model outputs holding a graph."""
+    plain = sum(b.nbytes for b in blocks if b.phase == "other" and b.category in ("temporaries", "inputs", "other"))
+    return 2 * plain > sum(b.nbytes for b in blocks)
