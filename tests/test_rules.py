@@ -284,6 +284,19 @@ def test_a_cache_filled_with_data_is_a_leak_of_data_not_of_graphs(tmp_path):
     assert first["details"]["growth_per_step"] >= 201 * 401 * 4 * 8
 
 
+def test_an_evaluation_gathering_its_outputs_on_the_device_is_a_leak_within_one_step(tmp_path):
+    """Under no_grad, after the last optimizer step, 100 batches' 512 x 1000 logits go into
+    a list: the steps never advance, yet each pass's output stays. The earlier passes'
+    outputs are what fills the budget, a whole number of 2,048,000-byte logits."""
+    _, out = diagnose_json(HERE / "scenarios" / "eval_gathers_outputs.py", "--budget", "160MiB", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "leak", [f["rule"] for f in out["findings"]]
+    logits = 512 * 1000 * 4
+    assert first["accounts_for_bytes"] % logits == 0
+    assert first["details"]["passes"] == first["accounts_for_bytes"] // logits >= 60
+    assert "all_logits" in first["source"]["role"]
+
+
 def test_model_copies_never_called_are_weights_not_data(tmp_path):
     _, out = diagnose_json(HERE / "scenarios" / "ema_copies_idle.py", "--budget", "400MiB", cwd=tmp_path)
     rules = [f["rule"] for f in out["findings"]]

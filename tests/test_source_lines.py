@@ -30,6 +30,7 @@ OWN_LINES = {
     "eval_function_sums_loss_tensor.py": ("total = total + F.cross_entropy(model(x), y)", 27),
     # the multi-hot targets are as wide as the logits: the line is the model's, not theirs
     "labels_wide_multilabel.py": ("loss = loss_fn(model(tokens), targets)", 15),
+    "eval_gathers_outputs.py": ("all_logits.append(model(x))", 20),
 }
 SHARED_LINES = {
     "s04_collect_embeddings.py": "embeddings.append(emb)",

@@ -3,7 +3,8 @@
 What it detects
     Tensors made in earlier steps (not weights, gradients or optimizer state) are still
     alive at the OOM (or the peak), and the bytes carried over from earlier steps grow
-    with every step.
+    with every step; or, within one step, the outputs of many passes that no backward
+    takes are kept (an evaluation collecting its predictions on the device).
 Preconditions
     - steps are recognised from what the script repeats: optimizer steps, else the ends
       of `backward()` calls (a hand-written update such as `p.data.add_(p.grad, alpha=-lr)`),
@@ -11,7 +12,11 @@ Preconditions
     - the bytes alive at the end of each complete step that earlier steps made grow by a
       positive slope (optimizer state, made once in step 0, is never part of it), and
       that growth accounts for a real part of what is kept;
-    - the tensors kept from at least two steps back take at least 10% of live memory.
+    - the tensors kept from at least two steps back take at least 10% of live memory;
+    - or, within one step: what at least 4 finished calls of one model that no backward
+      takes (under no_grad, or in eval mode) made, not saved for backward, is alive at the
+      OOM (or a peak under pressure) and takes at least 10% of live memory (an evaluation
+      loop gathering each batch's outputs on the device, no optimizer step between them).
 Why it runs out of memory
     Keeping a tensor that is part of the autograd graph (a loss, an embedding, an output)
     in a list keeps its memory, and often its whole graph, alive: a few MiB a step is an
@@ -43,7 +48,38 @@ STEP_WORDS = {"optimizer": "optimizer steps", "backward": "backward() calls", "f
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run" or len(f.steps) < MIN_STEPS or f.growth_per_step <= 0 or not f.leaked:
+    if f.source != "run":
+        return None
+    return _across_steps(f) or _gathered_in_step(f)
+
+
+def _gathered_in_step(f: Facts) -> Finding | None:
+    """Outputs of many passes no backward takes, kept within one step (an evaluation loop
+    collecting its predictions on the device): the steps do not advance, the memory grows."""
+    if not f.gathered or not f.under_pressure:
+        return None
+    kept = sum(b.nbytes for b in f.gathered)
+    live = f.focus_bytes
+    if kept < SHARE * live:
+        return None
+    n = f.gathered_passes
+    kinds = Counter((b.name, tuple(b.shape), b.dtype) for b in f.gathered)
+    (name, shape, dtype), count = kinds.most_common(1)[0]
+    evidence = [f"{format_bytes(kept)} made by {n} earlier passes of one model that no backward takes (under "
+                f"no_grad or in eval mode) is still alive in step {f.focus.step}: {format_bytes(kept // n)} a pass, "
+                f"{100 * kept / live:.0f}% of {format_bytes(live)}",
+                f"most common: {count} x {name} {'x'.join(map(str, shape))} {dtype}"]
+    predicted = live - kept
+    remedies = [Remedy("move each pass's outputs off the device",
+                       "keep `.cpu()` copies of what the loop collects, or reduce them as it goes (a running "
+                       "count, `.item()`), instead of the outputs on the device", predicted)]
+    return Finding(ID, f"outputs of {n} passes kept on the device take {format_bytes(kept)}", kept, evidence,
+                   remedies, free_fix_tier(f, predicted), fits(f, predicted),
+                   {"passes": n, "steps_from": "model calls"}, blocks=list(f.gathered))
+
+
+def _across_steps(f: Facts) -> Finding | None:
+    if len(f.steps) < MIN_STEPS or f.growth_per_step <= 0 or not f.leaked:
         return None
     leaked = sum(b.nbytes for b in f.leaked)
     live = f.focus_bytes
