@@ -297,6 +297,14 @@ def test_an_evaluation_gathering_its_outputs_on_the_device_is_a_leak_within_one_
     assert "all_logits" in first["source"]["role"]
 
 
+def test_activations_saved_in_16_bits_already_get_no_bf16_remedy(tmp_path):
+    _, out = diagnose_json(HERE / "scenarios" / "autocast_mixer.py", "--budget", "256MiB", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "activations"
+    assert "bf16 autocast" not in [r["title"] for r in first["remedies"]], first["remedies"]
+    assert "micro-batches of a quarter" in [r["title"] for r in first["remedies"]]
+
+
 def test_model_copies_never_called_are_weights_not_data(tmp_path):
     _, out = diagnose_json(HERE / "scenarios" / "ema_copies_idle.py", "--budget", "400MiB", cwd=tmp_path)
     rules = [f["rule"] for f in out["findings"]]

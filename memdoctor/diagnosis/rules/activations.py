@@ -23,7 +23,8 @@ Fix
     back-propagate each; passes of different models (two towers, a GAN's generator and
     discriminator) called once each are no such case.
     Where one module saves at least 80% (a recurrent layer over a long sequence), no
-    checkpointing is offered: recomputing that module brings its saved tensors back whole.
+    checkpointing is offered: recomputing that module brings its saved tensors back whole;
+    where most of it is saved in 16 bits already (autocast on), no bf16 autocast.
 Known limits
     Predictions for checkpointing assume repeated blocks named with an index
     (`layers.3`); a flat stack is predicted as one block.
@@ -37,6 +38,7 @@ from memdoctor.diagnosis.facts import Facts
 ID = "activations"
 SHARE = 0.35
 ONE_SAVER = 0.8     # one module saving this share of it: checkpointing cannot split it
+HALF = ("bfloat16", "float16")
 
 
 def check(f: Facts) -> Finding | None:
@@ -71,6 +73,13 @@ def check(f: Facts) -> Finding | None:
         Remedy("bf16 autocast", "Plan(precision='bf16'): activations in 16 bits",
                fixed + scaling // 2, "bf16"),
     ]
+    saved = [b for b in f.focus_blocks if b.category == "activations" and _this_step(f, b)]
+    half = sum(b.nbytes for b in saved if b.dtype in HALF)
+    if saved and 2 * half >= sum(b.nbytes for b in saved):
+        # autocast is on already: most of what is saved is in 16 bits
+        evidence.append(f"{100 * half / sum(b.nbytes for b in saved):.0f}% of it is saved in 16 bits already "
+                        f"(autocast on)")
+        remedies = [r for r in remedies if r.plan != "bf16"]
     if modules and modules[0][1] >= ONE_SAVER * acts:
         # one module (a recurrent layer over a long sequence, a loss outside any module) saves
         # nearly all: recomputing it in backward brings all of its saved tensors back at once
