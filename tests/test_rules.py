@@ -254,6 +254,70 @@ def test_a_leak_into_an_objects_dict_names_the_method_that_stores_it(tmp_path):
     assert "tracker.outputs" in first["source"]["role"]
 
 
+def test_an_evaluation_function_without_no_grad_is_no_leak(tmp_path):
+    """validate() sums its batch losses as a tensor without no_grad, every 5 steps: each
+    call's graphs die when it returns, so nothing outlives its step; the passes are
+    evaluation without no_grad, and the line is the call of the model in validate()."""
+    _, out = diagnose_json(HERE / "scenarios" / "eval_function_sums_loss_tensor.py", "--budget", "112MiB",
+                           cwd=tmp_path)
+    rules = [f["rule"] for f in out["findings"]]
+    assert rules == ["eval-without-no-grad"], rules
+    first = out["findings"][0]
+    assert first["source"]["function"] == "validate" and "model(x)" in first["source"]["text"], first["source"]
+    assert first["source"]["made_at"]["function"] == "forward"
+    # six validation batches of 32 x 64 x 32 x 32 floats, three saved a layer: most of the 112 MiB
+    assert first["accounts_for_bytes"] >= 0.8 * 112 * 2**20
+
+
+def test_two_towers_called_once_each_are_no_summed_micro_batches(tmp_path):
+    """Two towers of one class, each called once before one backward: no pass of one
+    model waits beside another, so no "backward per micro-batch" remedy."""
+    _, out = diagnose_json(HERE / "scenarios" / "two_towers_contrastive.py", "--budget", "192MiB", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "activations"
+    assert not any("training passes" in e for e in first["evidence"]), first["evidence"]
+    assert "backward per micro-batch" not in [r["title"] for r in first["remedies"]]
+
+
+def test_a_training_pass_cut_short_in_its_backward_is_no_evaluation(tmp_path):
+    """The OOM comes at the start of backward, in the loss module's gradient: the model's
+    pass was about to be back-propagated, so it is no pass without backward."""
+    _, out = diagnose_json(HERE / "scenarios" / "labels_wide_multilabel.py", "--budget", "200MiB", cwd=tmp_path)
+    assert out["ooms"][0]["phase"] == "backward"
+    rules = [f["rule"] for f in out["findings"]]
+    assert rules == ["large-logits"], rules
+
+
+def test_a_cache_filled_with_data_is_a_leak_of_data_not_of_graphs(tmp_path):
+    _, out = diagnose_json(HERE / "scenarios" / "dataset_cache_fills.py", "--budget", "96MiB", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "leak"
+    assert [r["title"] for r in first["remedies"]] == ["keep the kept data on the host, or bound it"]
+    # spectrograms of 201 x 401 float32, 16 a step: the growth is whole spectrograms
+    assert first["details"]["growth_per_step"] >= 201 * 401 * 4 * 8
+
+
+def test_an_evaluation_gathering_its_outputs_on_the_device_is_a_leak_within_one_step(tmp_path):
+    """Under no_grad, after the last optimizer step, 100 batches' 512 x 1000 logits go into
+    a list: the steps never advance, yet each pass's output stays. The earlier passes'
+    outputs are what fills the budget, a whole number of 2,048,000-byte logits."""
+    _, out = diagnose_json(HERE / "scenarios" / "eval_gathers_outputs.py", "--budget", "160MiB", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "leak", [f["rule"] for f in out["findings"]]
+    logits = 512 * 1000 * 4
+    assert first["accounts_for_bytes"] % logits == 0
+    assert first["details"]["passes"] == first["accounts_for_bytes"] // logits >= 60
+    assert "all_logits" in first["source"]["role"]
+
+
+def test_activations_saved_in_16_bits_already_get_no_bf16_remedy(tmp_path):
+    _, out = diagnose_json(HERE / "scenarios" / "autocast_mixer.py", "--budget", "256MiB", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "activations"
+    assert "bf16 autocast" not in [r["title"] for r in first["remedies"]], first["remedies"]
+    assert "micro-batches of a quarter" in [r["title"] for r in first["remedies"]]
+
+
 def test_model_copies_never_called_are_weights_not_data(tmp_path):
     _, out = diagnose_json(HERE / "scenarios" / "ema_copies_idle.py", "--budget", "400MiB", cwd=tmp_path)
     rules = [f["rule"] for f in out["findings"]]

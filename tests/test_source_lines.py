@@ -26,6 +26,11 @@ OWN_LINES = {
     "eval_forward_with_grad.py": ("scores = [model(torch.randn(6144, 256))", 17),
     "dataset_on_device.py": ("features = torch.randn(160_000, 256, device=device)", 7),
     "grads_kept_through_forward.py": ("optimizer.zero_grad(set_to_none=False)", 14),
+    # the model is the script's own: its memory is made inside its forward, the call is the line
+    "eval_function_sums_loss_tensor.py": ("total = total + F.cross_entropy(model(x), y)", 27),
+    # the multi-hot targets are as wide as the logits: the line is the model's, not theirs
+    "labels_wide_multilabel.py": ("loss = loss_fn(model(tokens), targets)", 15),
+    "eval_gathers_outputs.py": ("all_logits.append(model(x))", 20),
 }
 SHARED_LINES = {
     "s04_collect_embeddings.py": "embeddings.append(emb)",

@@ -548,6 +548,28 @@ def test_failing_free_never_causes_a_simulated_oom(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(clean, broken))
 
 
+def test_a_graph_never_back_propagated_dies_with_it_as_untraced():
+    """An evaluation without no_grad builds a graph that the script drops unused: under the
+    tracer its saved tensors die with it, as they do untraced. The relu's output is saved by
+    the node that made it; handing autograd that very tensor back from the saved-tensor hook
+    would make the node hold its own output, a cycle that keeps every such graph alive."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 1))
+
+    def evaluate(refs):
+        model.eval()
+        hidden = torch.relu(model[0](torch.randn(64, 32)))
+        refs.append(weakref.ref(hidden))
+        return model[1](hidden).sum().item()
+    for tracer in (contextlib.nullcontext(), Tracer(source="dispatch")):
+        refs: list = []
+        with tracer:
+            for _ in range(3):
+                evaluate(refs)
+            alive = sum(r() is not None for r in refs)
+        assert len(refs) == 3 and alive == 0, (type(tracer).__name__, alive)
+
+
 def test_category_names_are_the_contract():
     """The category names every breakdown uses are exactly the seven of the JSON contract."""
     assert CATEGORIES == ["weights", "gradients", "optimizer_state", "activations",

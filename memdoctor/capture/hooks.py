@@ -8,6 +8,7 @@ once, it never reaches the training loop.
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from dataclasses import dataclass, fields
 from operator import attrgetter
@@ -16,6 +17,7 @@ import torch
 
 from memdoctor.run import Category, Phase
 from memdoctor.capture.callargs import call_kwargs as _call_kwargs, tensors_in as _tensors
+from memdoctor.capture.frames import first_user_frame
 from memdoctor.capture.recorder import Recorder, log
 from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
@@ -39,6 +41,8 @@ class ForwardCall:
     mark_end: int | None = None
     params: bool = False        # the module holds parameters: a model, not a transform or a loss
     graph: bool = False         # its output carries an autograd graph (grad mode on, something to save)
+    model: int = -1             # which model object ran (calls of one model share it; two of one class do not)
+    site: list | None = None    # [file, line, function]: the user's line that called it
 
 
 def guarded(method):
@@ -77,6 +81,7 @@ class OwnershipHooks:
         self.broken = False
         self.handles: list = []
         self.roots: dict[int, weakref.ref] = {}
+        self.root_order: dict[int, int] = {}       # id of a model -> the order it was first seen in
         self.module_names: dict[int, str] = {}
         self.param_names: dict[int, str] = {}
         self.stack: list[str] = []
@@ -155,6 +160,7 @@ class OwnershipHooks:
         if id(root) in self.roots:
             return
         self.roots[id(root)] = weakref.ref(root)
+        self.root_order[id(root)] = len(self.root_order)
         if self.light:
             self._hook_root(root)
         by_address = self.rec.claims is not None     # the allocator source joins grads by address
@@ -301,10 +307,12 @@ class OwnershipHooks:
             self._claim_input(t)
         name = self.module_names.get(id(module), type(module).__name__)
         calls = self.calls
+        site = first_user_frame(sys._getframe(1))    # the caller of the module, outwards from the hook
         # positional: index, module, seq_start, seq_end, training, grad_enabled, backward,
-        # mark_start, mark_end, params
+        # mark_start, mark_end, params, graph, model, site
         call = ForwardCall(len(calls), name, len(rec.run.actions), None, module.training,
-                           _grad_enabled(), False, 0, None, id(module) in self.roots)
+                           _grad_enabled(), False, 0, None, id(module) in self.roots, False,
+                           self.root_order.get(id(module), -1), list(site) if site else None)
         calls.append(call)
         self.stack.append(name)
         rec.forward_depth += 1
@@ -451,17 +459,19 @@ class OwnershipHooks:
 
     # ---- backward -------------------------------------------------------------------
     def _pack(self, tensor):
-        """Must hand the tensor back whatever happens, or autograd would lose it. Runs for
-        nearly every op of a forward, so `guarded`'s wrapper is written out here."""
-        if self.broken:
-            return tensor
-        try:
-            self._claim_saved(tensor)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as exc:
-            self.stop_after(exc)
-        return tensor
+        """Must hand the tensor back whatever happens, or autograd would lose it: a detached
+        alias (same storage). The tensor object itself, when it is the output of the node
+        saving it, would make a reference cycle through that node that keeps a graph nobody
+        back-propagates (an evaluation without no_grad) alive after the script drops it.
+        Runs for nearly every op of a forward, so `guarded`'s wrapper is written out here."""
+        if not self.broken:
+            try:
+                self._claim_saved(tensor)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:
+                self.stop_after(exc)
+        return tensor.detach()
 
     def _claim_saved(self, tensor) -> None:
         """`claim(tensor, activations)`; a storage counted already (nearly always: an op's

@@ -215,6 +215,29 @@ def _nvml_now(index: int) -> dict:
         return {"available": False, "reason": str(exc)}
 
 
+def _backward_cut_short(run: Run) -> tuple[int, int] | None:
+    """(after, at): for an OOM inside backward, the event where that backward began and the
+    end of the backward before it (0 if none). The passes between them are what the cut
+    backward was to reach: its loss module's call is marked back-propagated, a model's
+    that the OOM came before is not."""
+    oom = run.ooms[0] if run.ooms else None
+    if oom is None or oom.phase != Phase.BACKWARD.value or not run.marks:
+        return None
+    seqs = [m.seq for m in run.marks]
+    i = bisect.bisect_right(seqs, oom.seq) - 1
+    back = Phase.BACKWARD.value
+    if i < 0 or run.marks[i].phase != back:
+        return None
+    while i > 0 and run.marks[i - 1].phase == back:
+        i -= 1
+    began = run.marks[i].seq
+    j = i - 1
+    while j >= 0 and run.marks[j].phase != back:
+        j -= 1
+    after = run.marks[j + 1].seq if j >= 0 else 0
+    return after, began
+
+
 def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     """Forward passes that built a graph nobody back-propagated keep their saved tensors for
     nothing. A pass needs grad mode on and an output carrying a graph (under no_grad, or a
@@ -225,6 +248,7 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     Linear: the passes' ranges are sorted, each event a bisection."""
     calls = run.meta.get("forward_calls", [])
     last_backward = max((i for i, c in enumerate(calls) if c["backward"]), default=-1)
+    cut = _backward_cut_short(run) if ended_in_oom else None
     ranges = []
     for i, c in enumerate(calls):
         if c["backward"] or not c["grad_enabled"]:
@@ -232,6 +256,8 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
         cut_short = i == len(calls) - 1 and ended_in_oom
         if ended_in_oom and i > last_backward and c["training"]:
             continue            # a training forward the OOM came before its backward
+        if cut is not None and c["training"] and cut[0] <= c["seq_start"] < cut[1]:
+            continue            # a training forward whose backward the OOM cut short before reaching it
         if not cut_short and not c.get("graph", True):
             continue            # nothing saved: no graph was built
         end = c["seq_end"] if c["seq_end"] is not None else run.num_events

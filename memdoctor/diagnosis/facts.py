@@ -49,6 +49,8 @@ class Facts:
     growth_per_step: float = 0.0                  # bytes kept from earlier steps, added a step
     steps_from: str = "optimizer"                 # what the steps are: optimizer, backward, forward, none
     leaked: list[Block] = field(default_factory=list)
+    gathered: list[Block] = field(default_factory=list)   # outputs of earlier passes no backward takes, kept
+    gathered_passes: int = 0                      # the passes of one model that left them, this step
     no_backward_activation_bytes: int = 0
     no_backward_calls: int = 0
     optimizer: dict[str, Any] | None = None
@@ -118,14 +120,21 @@ def _grad_mode_at(run: Run, seq: int) -> bool | None:
 
 
 def _pending_passes(run: Run) -> tuple[int, int | None]:
-    """At an OOM: the model calls in training mode with grad on since the last call that was
-    back-propagated (their backward has not come yet), and the event where the first began."""
+    """At an OOM: the calls of one model in training mode with grad on since the last call
+    that was back-propagated (their backward has not come yet), of the model called most
+    often there, and the event where the first of them began. Micro-batches whose losses
+    are summed call one model several times; separate models called once each (two towers
+    of a contrastive loss, an embedding then a recurrent layer) are one pass each."""
     if not run.ooms:
         return 0, None
     calls = [c for c in run.meta.get("forward_calls", []) if isinstance(c, dict)]
     last = max((i for i, c in enumerate(calls) if c.get("backward")), default=-1)
-    pending = [c for c in calls[last + 1:]
-               if c.get("training") and c.get("grad_enabled") and c.get("params", True)]
+    by_model: dict = {}
+    for c in calls[last + 1:]:
+        if c.get("training") and c.get("grad_enabled") and c.get("params", True):
+            model = c.get("model", -1)      # runs saved before models were told apart: by name
+            by_model.setdefault(model if type(model) is int and model >= 0 else c.get("module"), []).append(c)
+    pending = max(by_model.values(), key=len, default=[])
     starts = [c["seq_start"] for c in pending if type(c.get("seq_start")) is int]
     return len(pending), (min(starts) if starts else None)
 
@@ -163,6 +172,7 @@ def facts_from_run(run: Run) -> Facts:
                     and b.phase == Phase.FORWARD.value}
         f.pending_activations = sum(b.nbytes for b in f.focus_blocks if b.id in awaiting)
     f.leaked = [b for b in f.focus_blocks if _kept(b) and b.step < current_step - 1 and b.id not in awaiting]
+    f.gathered, f.gathered_passes = _gathered(f, run)
     nob = Phase.FORWARD_NO_BACKWARD.value
     # what a graph nobody back-propagates keeps: the tensors saved for its backward
     f.no_backward_activation_bytes = sum(b.nbytes for b in f.focus_blocks
@@ -260,6 +270,42 @@ def _other_from_message(f: Facts) -> None:
         f.other_process_bytes = max(total - free - mine, 0)
     elif procs:
         f.other_process_bytes = sum(p["bytes"] for p in procs)
+
+
+GATHERED_PASSES = 4     # passes of one model whose outputs are still alive: a loop gathering them
+
+
+def _gathered(f: Facts, run: Run) -> tuple[list[Block], int]:
+    """Within the step of the focus: what finished calls of one model made and is still
+    alive, not saved for backward, from calls no backward will take (under no_grad, or in
+    eval mode): each batch's outputs gathered in a list by a loop with no optimizer step
+    between its batches (an evaluation collecting its predictions on the device). The
+    model that left the most, if at least GATHERED_PASSES of its calls did."""
+    if f.focus is None:
+        return [], 0
+    calls = [c for c in run.meta.get("forward_calls", []) if isinstance(c, dict) and c.get("params", True)
+             and type(c.get("seq_start")) is int and type(c.get("seq_end")) is int and c["seq_end"] <= f.focus.seq
+             and not (c.get("training") and c.get("grad_enabled"))]
+    if len(calls) < GATHERED_PASSES:
+        return [], 0
+    calls.sort(key=lambda c: c["seq_start"])
+    starts = [c["seq_start"] for c in calls]
+    by_model: dict = {}
+    for b in f.focus_blocks:
+        if b.category in (W, G, S, ACT) or b.step != f.focus.step:
+            continue
+        i = bisect.bisect_right(starts, b.alloc_seq) - 1
+        if i < 0 or b.alloc_seq >= calls[i]["seq_end"]:
+            continue
+        model = calls[i].get("model", -1)
+        key = model if type(model) is int and model >= 0 else calls[i].get("module")
+        by_model.setdefault(key, {}).setdefault(calls[i]["seq_start"], []).append(b)
+    if not by_model:
+        return [], 0
+    passes = max(by_model.values(), key=lambda p: sum(b.nbytes for blocks in p.values() for b in blocks))
+    if len(passes) < GATHERED_PASSES:
+        return [], 0
+    return [b for blocks in passes.values() for b in blocks], len(passes)
 
 
 def _kept(b: Block) -> bool:

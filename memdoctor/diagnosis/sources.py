@@ -3,10 +3,12 @@ memory kept alive (a list that grows, gradients zeroed in place) the line that k
 
 One place for every rule: a rule may name its blocks (`Finding.blocks`); otherwise they
 are picked here from the facts by the rule's id. Of those blocks, the line that made the
-most bytes wins; rules about the failed request itself point at the line that asked.
+most bytes wins; passes never back-propagated point at the line that called the model;
+rules about the failed request itself point at the line that asked.
 """
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 
 from memdoctor.run import Block, Category, Phase, Run, Source
@@ -35,6 +37,13 @@ def source_of(finding, facts, run: Run) -> dict | None:
         return _entry(oom_line, "asked for the memory that did not fit") if oom_line else None
     blocks = list(finding.blocks) or _blocks_for(finding.rule, facts)
     made = _made_at(run, blocks)
+    if finding.rule == "eval-without-no-grad":
+        site = _call_site(run, blocks)
+        if site is not None:
+            out = _entry(site, "calls the model with grad mode on; no backward ever reaches it")
+            if made is not None and made != site:
+                out["made_at"] = _entry(made, "made the memory")
+            return out
     kept = _kept_by(run, blocks)
     if kept is not None:
         source, holder = kept
@@ -65,8 +74,8 @@ def _blocks_for(rule: str, f) -> list[Block]:
             b for b in focus if b.category == INP and b.phase == Phase.OTHER.value]
     if rule == "grads-during-forward":
         return [b for b in focus if b.category == G]
-    if rule == "large-logits":
-        return f.logits
+    if rule == "large-logits":     # the projection's line, not the labels' (a multi-hot target is as wide)
+        return [b for b in f.logits if b.category != INP and b.phase != Phase.OTHER.value] or f.logits
     if rule == "optimizer-step-temporaries":
         return [b for b in focus if b.phase == Phase.OPTIMIZER.value and b.category == TMP]
     if rule == "activations":
@@ -86,6 +95,27 @@ def _made_at(run: Run, blocks: list[Block]) -> Source | None:
     if not by_line:
         return None
     return run.source_at(by_line.most_common(1)[0][0])
+
+
+def _call_site(run: Run, blocks: list[Block]) -> Source | None:
+    """The user's line that called the model whose passes made the most of these blocks'
+    bytes (a model defined in the script makes its memory inside its own forward; the
+    fix, no_grad around the call, goes where it is called)."""
+    calls = sorted((c["seq_start"], c["seq_end"] if type(c.get("seq_end")) is int else run.num_events, c["site"])
+                   for c in run.meta.get("forward_calls", []) if isinstance(c, dict)
+                   and type(c.get("seq_start")) is int and isinstance(c.get("site"), list) and len(c["site"]) == 3)
+    if not calls:
+        return None
+    starts = [c[0] for c in calls]
+    by_site: Counter = Counter()
+    for b in blocks:
+        i = bisect.bisect_right(starts, b.alloc_seq) - 1
+        if i >= 0 and b.alloc_seq < calls[i][1]:
+            by_site[tuple(calls[i][2])] += b.nbytes
+    if not by_site:
+        return None
+    file, line, function = by_site.most_common(1)[0][0]
+    return Source(str(file), int(line), str(function))
 
 
 def _kept_by(run: Run, blocks: list[Block]) -> tuple[Source, str] | None:

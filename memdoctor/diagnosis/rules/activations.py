@@ -19,7 +19,12 @@ Example
 Fix
     Checkpoint the repeated blocks, split the batch into micro-batches with gradient
     accumulation (the effective batch stays), or train in bf16 autocast. Where several
-    training passes wait for one backward (their losses summed first), back-propagate each.
+    training passes of one model wait for one backward (their losses summed first),
+    back-propagate each; passes of different models (two towers, a GAN's generator and
+    discriminator) called once each are no such case.
+    Where one module saves at least 80% (a recurrent layer over a long sequence), no
+    checkpointing is offered: recomputing that module brings its saved tensors back whole;
+    where most of it is saved in 16 bits already (autocast on), no bf16 autocast.
 Known limits
     Predictions for checkpointing assume repeated blocks named with an index
     (`layers.3`); a flat stack is predicted as one block.
@@ -32,6 +37,8 @@ from memdoctor.diagnosis.facts import Facts
 
 ID = "activations"
 SHARE = 0.35
+ONE_SAVER = 0.8     # one module saving this share of it: checkpointing cannot split it
+HALF = ("bfloat16", "float16")
 
 
 def check(f: Facts) -> Finding | None:
@@ -66,14 +73,28 @@ def check(f: Facts) -> Finding | None:
         Remedy("bf16 autocast", "Plan(precision='bf16'): activations in 16 bits",
                fixed + scaling // 2, "bf16"),
     ]
+    saved = [b for b in f.focus_blocks if b.category == "activations" and _this_step(f, b)]
+    half = sum(b.nbytes for b in saved if b.dtype in HALF)
+    if saved and 2 * half >= sum(b.nbytes for b in saved):
+        # autocast is on already: most of what is saved is in 16 bits
+        evidence.append(f"{100 * half / sum(b.nbytes for b in saved):.0f}% of it is saved in 16 bits already "
+                        f"(autocast on)")
+        remedies = [r for r in remedies if r.plan != "bf16"]
+    if modules and modules[0][1] >= ONE_SAVER * acts:
+        # one module (a recurrent layer over a long sequence, a loss outside any module) saves
+        # nearly all: recomputing it in backward brings all of its saved tensors back at once
+        evidence.append(f"{modules[0][0]} alone saves {100 * modules[0][1] / acts:.0f}% of it: checkpointing "
+                        f"would recompute it whole in backward, so fewer rows (or shorter sequences) at a time it is")
+        remedies = [r for r in remedies if not (r.plan or "").startswith("ckpt")]
     if f.pending_passes >= 2 and f.pending_activations * 2 >= acts:
         # many passes' graphs wait for one backward: gradient accumulation done by summing losses
-        evidence.append(f"{f.pending_passes} training passes ran since the last backward and all their graphs "
-                        f"wait for one (losses summed before `.backward()`)")
+        evidence.append(f"{f.pending_passes} training passes of one model ran since the last backward and all "
+                        f"their graphs wait for one (losses summed before `.backward()`)")
+        pending = f.pending_activations
         remedies.insert(0, Remedy("backward per micro-batch",
                                   "call `(loss / steps).backward()` after each forward instead of summing the "
                                   "losses for one backward: the same gradients, one pass's activations at a time",
-                                  live - acts + acts // f.pending_passes, None))
+                                  live - pending + pending // f.pending_passes, None))
     best = min(r.predicted_peak_bytes for r in remedies)
     return Finding(ID, f"activations saved for backward take {format_bytes(acts)}", acts, evidence,
                    remedies, STRUCTURAL, fits(f, best), {"by_module": dict(modules)})

@@ -3,7 +3,8 @@
 What it detects
     Tensors made in earlier steps (not weights, gradients or optimizer state) are still
     alive at the OOM (or the peak), and the bytes carried over from earlier steps grow
-    with every step.
+    with every step; or, within one step, the outputs of many passes that no backward
+    takes are kept (an evaluation collecting its predictions on the device).
 Preconditions
     - steps are recognised from what the script repeats: optimizer steps, else the ends
       of `backward()` calls (a hand-written update such as `p.data.add_(p.grad, alpha=-lr)`),
@@ -11,7 +12,11 @@ Preconditions
     - the bytes alive at the end of each complete step that earlier steps made grow by a
       positive slope (optimizer state, made once in step 0, is never part of it), and
       that growth accounts for a real part of what is kept;
-    - the tensors kept from at least two steps back take at least 10% of live memory.
+    - the tensors kept from at least two steps back take at least 10% of live memory;
+    - or, within one step: what at least 4 finished calls of one model that no backward
+      takes (under no_grad, or in eval mode) made, not saved for backward, is alive at the
+      OOM (or a peak under pressure) and takes at least 10% of live memory (an evaluation
+      loop gathering each batch's outputs on the device, no optimizer step between them).
 Why it runs out of memory
     Keeping a tensor that is part of the autograd graph (a loss, an embedding, an output)
     in a list keeps its memory, and often its whole graph, alive: a few MiB a step is an
@@ -20,7 +25,9 @@ Example
     bad:  history.append(loss)          embeddings.append(emb)
     good: history.append(loss.item())   embeddings.append(emb.detach().cpu())
 Fix
-    Keep plain numbers (`.item()`), or `.detach()` (and `.cpu()`) what you keep.
+    Keep plain numbers (`.item()`), or `.detach()` (and `.cpu()`) what you keep. Data
+    kept step after step (a cache filled as batches are read, made outside the model and
+    never saved for backward) has no graph: keep it on the host, or bound the container.
 Known limits
     A cache that fills on purpose (a replay buffer, a memory bank before it is full) grows
     the same way. Tensors set up before the first step (a dataset) never count as kept.
@@ -41,7 +48,38 @@ STEP_WORDS = {"optimizer": "optimizer steps", "backward": "backward() calls", "f
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run" or len(f.steps) < MIN_STEPS or f.growth_per_step <= 0 or not f.leaked:
+    if f.source != "run":
+        return None
+    return _across_steps(f) or _gathered_in_step(f)
+
+
+def _gathered_in_step(f: Facts) -> Finding | None:
+    """Outputs of many passes no backward takes, kept within one step (an evaluation loop
+    collecting its predictions on the device): the steps do not advance, the memory grows."""
+    if not f.gathered or not f.under_pressure:
+        return None
+    kept = sum(b.nbytes for b in f.gathered)
+    live = f.focus_bytes
+    if kept < SHARE * live:
+        return None
+    n = f.gathered_passes
+    kinds = Counter((b.name, tuple(b.shape), b.dtype) for b in f.gathered)
+    (name, shape, dtype), count = kinds.most_common(1)[0]
+    evidence = [f"{format_bytes(kept)} made by {n} earlier passes of one model that no backward takes (under "
+                f"no_grad or in eval mode) is still alive in step {f.focus.step}: {format_bytes(kept // n)} a pass, "
+                f"{100 * kept / live:.0f}% of {format_bytes(live)}",
+                f"most common: {count} x {name} {'x'.join(map(str, shape))} {dtype}"]
+    predicted = live - kept
+    remedies = [Remedy("move each pass's outputs off the device",
+                       "keep `.cpu()` copies of what the loop collects, or reduce them as it goes (a running "
+                       "count, `.item()`), instead of the outputs on the device", predicted)]
+    return Finding(ID, f"outputs of {n} passes kept on the device take {format_bytes(kept)}", kept, evidence,
+                   remedies, free_fix_tier(f, predicted), fits(f, predicted),
+                   {"passes": n, "steps_from": "model calls"}, blocks=list(f.gathered))
+
+
+def _across_steps(f: Facts) -> Finding | None:
+    if len(f.steps) < MIN_STEPS or f.growth_per_step <= 0 or not f.leaked:
         return None
     leaked = sum(b.nbytes for b in f.leaked)
     live = f.focus_bytes
@@ -62,11 +100,27 @@ def check(f: Facts) -> Finding | None:
         + (f" from module {module}" if module else ""),
     ]
     predicted = live - leaked
-    remedies = [Remedy("keep detached copies or numbers",
-                       f"what keeps the {name} outputs alive across steps: store `.item()` or "
-                       "`.detach().cpu()` instead of the live tensor", predicted)]
+    if _without_graph(f.leaked):
+        # plain data kept step after step (a cache filled as the data is read): no graph to detach
+        evidence.append("made outside the model and never saved for backward: plain data a container "
+                        "(a cache, a list) keeps adding to")
+        remedies = [Remedy("keep the kept data on the host, or bound it",
+                           f"what keeps the {name} tensors across steps (a cache filled as batches are read) "
+                           "holds them on the device: keep them on the host (`.cpu()`, pinned), or cap "
+                           "or clear the container", predicted)]
+    else:
+        remedies = [Remedy("keep detached copies or numbers",
+                           f"what keeps the {name} outputs alive across steps: store `.item()` or "
+                           "`.detach().cpu()` instead of the live tensor", predicted)]
     return Finding(ID, f"memory leaks across steps: {format_bytes(f.growth_per_step)} a step, "
                        f"{format_bytes(leaked)} kept from earlier steps",
                    leaked, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted),
                    {"growth_per_step": f.growth_per_step, "steps": steps[-1] - steps[0] + 1,
                     "steps_from": f.steps_from})
+
+
+def _without_graph(blocks) -> bool:
+    """Most of the bytes were made outside any forward, backward or optimizer step and
+    never saved for backward: data, not model outputs holding a graph."""
+    plain = sum(b.nbytes for b in blocks if b.phase == "other" and b.category in ("temporaries", "inputs", "other"))
+    return 2 * plain > sum(b.nbytes for b in blocks)
