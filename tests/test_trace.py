@@ -599,3 +599,24 @@ def test_storages_resized_in_place_are_followed():
     sizes = sorted(blk.nbytes for blk in doc.run.blocks.values())
     assert sizes == [MiB, MiB, 5 * MiB] and all(blk.free_seq is not None for blk in doc.run.blocks.values())
     assert torch.UntypedStorage.__dict__.get("resize_") is before      # the method is put back
+
+
+def test_a_saved_tensor_changed_in_place_raises_under_the_tracer_as_without_it():
+    """Autograd checks no saved tensor that hooks hold for a change in place; the tracer's
+    hooks do, so a script with that bug fails under memdoctor as it does without it, instead
+    of training on with gradients of the changed values. Unchanged, backward is the same."""
+    def sigmoid_changed_in_place():
+        x = torch.ones(4, requires_grad=True)
+        y = x.sigmoid()             # saves its output for backward
+        y.mul_(2)
+        y.sum().backward()
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        sigmoid_changed_in_place()
+    with Tracer(source="dispatch"):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            sigmoid_changed_in_place()
+        x = torch.ones(4, requires_grad=True)
+        (x.sigmoid() * 3).sum().backward()
+    expected = 3 * torch.sigmoid(torch.ones(4)) * (1 - torch.sigmoid(torch.ones(4)))
+    assert torch.allclose(x.grad, expected)

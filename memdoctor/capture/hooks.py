@@ -288,7 +288,8 @@ class OwnershipHooks:
             return None
         try:
             if not self.stack and _graph_task() == -1:    # a recompute in backward is no new pass
-                self._outermost_pre(module, args)
+                if not self._passes_through(module, args):
+                    self._outermost_pre(module, args)
             else:
                 self._inner_pre(module)
         except torch.OutOfMemoryError:
@@ -296,6 +297,23 @@ class OwnershipHooks:
         except Exception as exc:
             self.stop_after(exc)
         return None
+
+    def _passes_through(self, module, args) -> bool:
+        """An outermost call of a module without parameters that can build no graph (grad
+        mode off, or no positional input that requires grad): a transform applied to each
+        sample as a dataset is preloaded, a metric, a loss under no_grad. It is no pass of a
+        model: no ForwardCall, no marks, and what it makes belongs to the phase around it
+        (a dataset made sample by sample is made outside any forward). Its post-hook finds
+        the stack empty and does nothing; a model it runs inside is an outermost call of its
+        own."""
+        if self._holds_parameters(module):
+            return False
+        if not _grad_enabled():
+            return True
+        for t in _tensors(args):
+            if t.requires_grad:
+                return False
+        return True
 
     def _outermost_pre(self, module, args) -> None:
         """An outermost call starts: claim its inputs, open its ForwardCall, mark it."""
@@ -463,7 +481,9 @@ class OwnershipHooks:
         alias (same storage). The tensor object itself, when it is the output of the node
         saving it, would make a reference cycle through that node that keeps a graph nobody
         back-propagates (an evaluation without no_grad) alive after the script drops it.
-        Runs for nearly every op of a forward, so `guarded`'s wrapper is written out here."""
+        Runs for nearly every op of a forward, so `guarded`'s wrapper is written out here.
+        With the alias goes its version: autograd checks no saved tensor that hooks handle
+        for a change in place, so `_unpack` does, as autograd would have."""
         if not self.broken:
             try:
                 self._claim_saved(tensor)
@@ -471,7 +491,7 @@ class OwnershipHooks:
                 raise
             except Exception as exc:
                 self.stop_after(exc)
-        return tensor.detach()
+        return tensor.detach(), tensor._version
 
     def _claim_saved(self, tensor) -> None:
         """`claim(tensor, activations)`; a storage counted already (nearly always: an op's
@@ -538,7 +558,17 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
-def _unpack(tensor):
+def _unpack(packed):
+    """The saved alias, unless it was changed in place since it was saved: then autograd's own
+    error, which hooks would otherwise silence (the gradient would be computed from the
+    changed values)."""
+    tensor, version = packed
+    if tensor._version != version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace "
+            f"operation: [{tensor.type()} {list(tensor.shape)}] is at version {tensor._version}; "
+            f"expected version {version} instead. (Raised by memdoctor's tracer in autograd's place: "
+            "autograd does not check tensors that saved-tensor hooks hold.)")
     return tensor
 
 
