@@ -81,13 +81,14 @@ def _frame_label(frames: list[dict]) -> str:
 
 
 def _predicted(row: dict) -> dict:
-    """The estimate, with its first replay's requests logged."""
+    """The estimate, with the requests of each of its replays logged (the budget checks'
+    aside): "events" and "labels" the first's, "varied" the others' (the steps with random
+    draws varied, where the model has LayerDrop)."""
     from memdoctor.cuda import allocator_model
     from memdoctor.predict.config import estimate_config
     from zoo_accuracy import ZOO_SCRIPT, _script_args
     from memdoctor.predict import replay as replay_module
-    log: list[list[int]] = []
-    labels: list[str] = []
+    logs: dict[int, tuple[list, list]] = {}     # id of an allocator model -> (its requests, their labels)
     current: list = [None, None]        # the Run being replayed, and the block of the event now
     real_events = replay_module._events
 
@@ -97,25 +98,21 @@ def _predicted(row: dict) -> dict:
             current[1] = item[3]
             yield item
     numbers: dict[int, int] = {}        # id of a live block -> its allocation number
-    count = [0]
     real_malloc, real_free = allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free
-    first: list = []
 
     def malloc(self, nbytes):
         block = real_malloc(self, nbytes)
-        if not first:
-            first.append(self)
-        if self is first[0] and block is not None:
-            numbers[id(block)] = count[0]
-            log.append([1, count[0], int(nbytes)])
+        if self.capacity is None and block is not None:
+            log, labels = logs.setdefault(id(self), ([], []))
+            numbers[id(block)] = len(labels)
+            log.append([1, len(labels), int(nbytes)])
             blk = current[0].blocks.get(current[1]) if current[0] is not None else None
             labels.append(f"{blk.name} {blk.module} {blk.phase} {blk.shape} {blk.dtype}" if blk else "?")
-            count[0] += 1
         return block
 
     def free(self, block):
-        if first and self is first[0] and block is not None and id(block) in numbers:
-            log.append([0, numbers.pop(id(block)), 0])
+        if block is not None and id(self) in logs and id(block) in numbers:
+            logs[id(self)][0].append([0, numbers.pop(id(block)), 0])
         return real_free(self, block)
     allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free = malloc, free
     replay_module._events = events
@@ -124,8 +121,9 @@ def _predicted(row: dict) -> dict:
     finally:
         allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free = real_malloc, real_free
         replay_module._events = real_events
-    return {"allocated": est.peak_allocated_bytes, "reserved": est.peak_reserved_bytes, "events": log,
-            "labels": labels, "notes": est.notes}
+    runs = [{"events": log, "labels": labels} for log, labels in logs.values()]
+    return {"allocated": est.peak_allocated_bytes, "reserved": est.peak_reserved_bytes, "events": runs[0]["events"],
+            "labels": runs[0]["labels"], "varied": runs[1:], "notes": est.notes}
 
 
 def first_difference(real: list, predicted: list) -> int | None:
