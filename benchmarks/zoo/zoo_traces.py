@@ -9,7 +9,8 @@ torch.cuda.memory._record_memory_history, then the estimate with its allocator m
 requests logged. Writes DIR/<id>.json.gz (both request sequences, compact: [1, n, bytes]
 for the n-th allocation, [0, n, 0] for its free; beside each, "labels": what made each
 allocation, in order: on the GPU the innermost torch function and the first frame outside
-torch, in the estimate the block's name, module, phase, shape and dtype) and prints, per id, the GPU's peaks, the
+torch, in the estimate the block's name, module, phase, shape and dtype; on the GPU also the
+address of each segment the driver handed out) and prints, per id, the GPU's peaks, the
 model's on the GPU's own requests (the allocator model alone), the estimate's, and the
 first request where the two sequences differ. A model exact on the GPU's requests and an
 estimate off says the fake step's order of allocations and frees differs from the GPU's.
@@ -63,9 +64,23 @@ def _real(row: dict) -> dict:
     trace = [{"action": e["action"], "addr": e["addr"], "size": e["size"]} for e in snap["device_traces"][0]]
     out = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
            "segments": sum(1 for e in trace if e["action"] == "segment_alloc"), "events": compact(trace),
+           "segment_addresses": _segment_addresses(trace),
            "labels": [_frame_label(e.get("frames") or []) for e in snap["device_traces"][0] if e["action"] == "alloc"]}
     del model, optimizer, batch, prepared
     torch.cuda.empty_cache()
+    return out
+
+
+def _segment_addresses(trace: list[dict]) -> list[list[int]]:
+    """[allocation number, address, bytes] of each segment the driver handed out, the
+    allocation number that of the request it was made for: where equal free blocks tie, the
+    allocator takes the lowest address, so the driver's address order decides between them."""
+    out, count = [], 0
+    for e in trace:
+        if e["action"] == "segment_alloc":
+            out.append([count, e["addr"], e["size"]])
+        elif e["action"] == "alloc":
+            count += 1
     return out
 
 
@@ -141,11 +156,13 @@ def child(cid: str, out: Path) -> dict:
     real = _real(row)
     pred = _predicted(row)
     model = replay_trace(real["events"])
+    at_gpu_addresses = replay_trace(real["events"], [addr for _, addr, _ in real["segment_addresses"]])
     out.mkdir(parents=True, exist_ok=True)
     (out / (cid.replace("/", "_") + ".json.gz")).write_bytes(
         gzip.compress(json.dumps({"id": cid, "real": real, "predicted": pred}, separators=(",", ":")).encode()))
     return {"id": cid, "gpu": [real["max_allocated"], real["max_reserved"]],
             "model_on_gpu_requests": [model.peak_allocated, model.peak_reserved],
+            "model_on_gpu_requests_and_addresses": [at_gpu_addresses.peak_allocated, at_gpu_addresses.peak_reserved],
             "estimate": [pred["allocated"], pred["reserved"]],
             "allocations": [sum(1 for e in real["events"] if e[0] == 1), sum(1 for e in pred["events"] if e[0] == 1)],
             "first_difference": first_difference(real["events"], pred["events"])}
