@@ -24,3 +24,19 @@ def test_replayed_gpu_trace_gives_the_gpu_peaks(path):
 
 def test_fixtures_are_there():
     assert len(TRACES) >= 3
+
+
+def test_the_drivers_segment_addresses_decide_between_equal_free_blocks():
+    """A whole 24 MiB segment and the free half of a 48 MiB one tie for a 4.5 MiB request:
+    the allocator takes the lower address. Without recorded addresses the later segment is
+    the lower (the H200's driver hands them out downwards); given the driver's addresses the
+    model follows them, and which block is split decides whether a 48 MiB request finds the
+    48 MiB segment whole again."""
+    MiB = 1024 * 1024
+    events = [[1, 0, 48 * MiB], [1, 1, 24 * MiB], [0, 0, 0], [1, 2, 24 * MiB], [0, 1, 0],
+              [1, 3, 4 * MiB + MiB // 2], [0, 2, 0], [1, 4, 48 * MiB]]
+    downwards = replay_trace(events)
+    assert downwards.num_segment_allocs == 2        # the 24 MiB segment was split
+    upwards = replay_trace(events, [1 << 40, 2 << 40])
+    assert upwards.num_segment_allocs == 3          # the 48 MiB one was, and 48 MiB more is reserved
+    assert upwards.peak_reserved - downwards.peak_reserved == 48 * MiB

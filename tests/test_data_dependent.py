@@ -173,6 +173,41 @@ def test_a_branch_a_random_draw_decides_is_noted_as_differing_from_step_to_step(
     assert not [n for n in est.notes if "depends on weights" in n]
     # every layer ran: the branch with the most memory
     assert sum(1 for b in est.run.blocks.values() if b.name == "aten.addmm" and b.phase == "forward") >= 3
+    # and again with the draws varied, its reserved peak next to the plain steps'
+    varied = [n for n in est.notes if "random draws varied" in n]
+    assert len(varied) == 1 and "a layer LayerDrop skips in the first step" in varied[0]
+    # a budget is checked on both runs: one at the reserved peak fits, one below it does not
+    for budget, fits in ((est.peak_reserved_bytes, True), (est.peak_reserved_bytes - 1, False)):
+        capped = _estimate(LayerDrop, lambda: torch.randn(64, 256), lambda m, x: m(x).square().mean(), budget=budget)
+        assert capped.fits is fits
+
+
+def test_the_steps_with_random_draws_varied_flip_each_branch_once():
+    from memdoctor.predict.data_dependent import MAX_DRAW_VARIANTS, draw_variants
+    assert draw_variants(0) == []
+    assert draw_variants(3) == [{0}, {1}, {2}]
+    many = draw_variants(20)
+    assert len(many) == MAX_DRAW_VARIANTS == 8
+    assert sorted(i for flips in many for i in flips) == list(range(20))
+    assert many[0] == {0, 8, 16}
+
+
+def test_a_flipped_branch_skips_the_layer_its_draw_decides():
+    """The branch numbered in begin_step's flips takes the other way: LayerDrop skips it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from memdoctor.predict.data_dependent import DataDependent
+    calls = []
+    model = LayerDrop()
+    for i, layer in enumerate(model.layers):
+        layer.register_forward_hook(lambda m, a, o, i=i: calls.append(i))
+    values = DataDependent()
+    with FakeTensorMode(allow_non_fake_inputs=True), values:
+        x = torch.empty(4, 256)
+        for flips in ((), {1}, {0, 2}):
+            values.begin_step(flips)
+            model(x)
+            assert values.branches == 3
+    assert calls == [0, 1, 2, 0, 2, 1]
 
 
 def test_cudnn_rnns_run_fused_with_their_reserve_space_bounded_and_noted():

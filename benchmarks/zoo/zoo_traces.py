@@ -9,7 +9,8 @@ torch.cuda.memory._record_memory_history, then the estimate with its allocator m
 requests logged. Writes DIR/<id>.json.gz (both request sequences, compact: [1, n, bytes]
 for the n-th allocation, [0, n, 0] for its free; beside each, "labels": what made each
 allocation, in order: on the GPU the innermost torch function and the first frame outside
-torch, in the estimate the block's name, module, phase, shape and dtype) and prints, per id, the GPU's peaks, the
+torch, in the estimate the block's name, module, phase, shape and dtype; on the GPU also the
+address of each segment the driver handed out) and prints, per id, the GPU's peaks, the
 model's on the GPU's own requests (the allocator model alone), the estimate's, and the
 first request where the two sequences differ. A model exact on the GPU's requests and an
 estimate off says the fake step's order of allocations and frees differs from the GPU's.
@@ -63,9 +64,23 @@ def _real(row: dict) -> dict:
     trace = [{"action": e["action"], "addr": e["addr"], "size": e["size"]} for e in snap["device_traces"][0]]
     out = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
            "segments": sum(1 for e in trace if e["action"] == "segment_alloc"), "events": compact(trace),
+           "segment_addresses": _segment_addresses(trace),
            "labels": [_frame_label(e.get("frames") or []) for e in snap["device_traces"][0] if e["action"] == "alloc"]}
     del model, optimizer, batch, prepared
     torch.cuda.empty_cache()
+    return out
+
+
+def _segment_addresses(trace: list[dict]) -> list[list[int]]:
+    """[allocation number, address, bytes] of each segment the driver handed out, the
+    allocation number that of the request it was made for: where equal free blocks tie, the
+    allocator takes the lowest address, so the driver's address order decides between them."""
+    out, count = [], 0
+    for e in trace:
+        if e["action"] == "segment_alloc":
+            out.append([count, e["addr"], e["size"]])
+        elif e["action"] == "alloc":
+            count += 1
     return out
 
 
@@ -81,13 +96,14 @@ def _frame_label(frames: list[dict]) -> str:
 
 
 def _predicted(row: dict) -> dict:
-    """The estimate, with its first replay's requests logged."""
+    """The estimate, with the requests of each of its replays logged (the budget checks'
+    aside): "events" and "labels" the first's, "varied" the others' (the steps with random
+    draws varied, where the model has LayerDrop)."""
     from memdoctor.cuda import allocator_model
     from memdoctor.predict.config import estimate_config
     from zoo_accuracy import ZOO_SCRIPT, _script_args
     from memdoctor.predict import replay as replay_module
-    log: list[list[int]] = []
-    labels: list[str] = []
+    logs: dict[int, tuple[list, list]] = {}     # id of an allocator model -> (its requests, their labels)
     current: list = [None, None]        # the Run being replayed, and the block of the event now
     real_events = replay_module._events
 
@@ -97,25 +113,21 @@ def _predicted(row: dict) -> dict:
             current[1] = item[3]
             yield item
     numbers: dict[int, int] = {}        # id of a live block -> its allocation number
-    count = [0]
     real_malloc, real_free = allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free
-    first: list = []
 
     def malloc(self, nbytes):
         block = real_malloc(self, nbytes)
-        if not first:
-            first.append(self)
-        if self is first[0] and block is not None:
-            numbers[id(block)] = count[0]
-            log.append([1, count[0], int(nbytes)])
+        if self.capacity is None and block is not None:
+            log, labels = logs.setdefault(id(self), ([], []))
+            numbers[id(block)] = len(labels)
+            log.append([1, len(labels), int(nbytes)])
             blk = current[0].blocks.get(current[1]) if current[0] is not None else None
             labels.append(f"{blk.name} {blk.module} {blk.phase} {blk.shape} {blk.dtype}" if blk else "?")
-            count[0] += 1
         return block
 
     def free(self, block):
-        if first and self is first[0] and block is not None and id(block) in numbers:
-            log.append([0, numbers.pop(id(block)), 0])
+        if block is not None and id(self) in logs and id(block) in numbers:
+            logs[id(self)][0].append([0, numbers.pop(id(block)), 0])
         return real_free(self, block)
     allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free = malloc, free
     replay_module._events = events
@@ -124,8 +136,9 @@ def _predicted(row: dict) -> dict:
     finally:
         allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free = real_malloc, real_free
         replay_module._events = real_events
-    return {"allocated": est.peak_allocated_bytes, "reserved": est.peak_reserved_bytes, "events": log,
-            "labels": labels, "notes": est.notes}
+    runs = [{"events": log, "labels": labels} for log, labels in logs.values()]
+    return {"allocated": est.peak_allocated_bytes, "reserved": est.peak_reserved_bytes, "events": runs[0]["events"],
+            "labels": runs[0]["labels"], "varied": runs[1:], "notes": est.notes}
 
 
 def first_difference(real: list, predicted: list) -> int | None:
@@ -143,11 +156,13 @@ def child(cid: str, out: Path) -> dict:
     real = _real(row)
     pred = _predicted(row)
     model = replay_trace(real["events"])
+    at_gpu_addresses = replay_trace(real["events"], [addr for _, addr, _ in real["segment_addresses"]])
     out.mkdir(parents=True, exist_ok=True)
     (out / (cid.replace("/", "_") + ".json.gz")).write_bytes(
         gzip.compress(json.dumps({"id": cid, "real": real, "predicted": pred}, separators=(",", ":")).encode()))
     return {"id": cid, "gpu": [real["max_allocated"], real["max_reserved"]],
             "model_on_gpu_requests": [model.peak_allocated, model.peak_reserved],
+            "model_on_gpu_requests_and_addresses": [at_gpu_addresses.peak_allocated, at_gpu_addresses.peak_reserved],
             "estimate": [pred["allocated"], pred["reserved"]],
             "allocations": [sum(1 for e in real["events"] if e[0] == 1), sum(1 for e in pred["events"] if e[0] == 1)],
             "first_difference": first_difference(real["events"], pred["events"])}

@@ -180,6 +180,7 @@ class CachingAllocatorModel:
         self.large_pool = _Pool(False)
         self.segments: dict[int, int] = {}      # segment address -> size
         self._next_addr = 1 << 48       # segments go downwards from here (see _new_segment)
+        self.addresses: list[int] = []  # where given (a GPU's recorded segments), the next ones' addresses
         self.allocated = 0
         self.reserved = 0
         self.requested = 0
@@ -300,7 +301,7 @@ class CachingAllocatorModel:
         # H200: replaying real allocator traces, ties between equal free blocks then break as
         # they did on the GPU; benchmarks/results/allocator_replay_h200_2026-12-01.json).
         self._next_addr -= seg + K_ROUND_LARGE      # and a gap: segments are never adjacent
-        addr = self._next_addr
+        addr = self.addresses.pop() if self.addresses else self._next_addr
         self.segments[addr] = seg
         self.reserved += seg
         self.num_segment_allocs += 1
@@ -362,11 +363,14 @@ class CachingAllocatorModel:
                 self._release_segment(pool, block)
 
 
-def replay_trace(events) -> CachingAllocatorModel:
+def replay_trace(events, segment_addresses: list[int] | None = None) -> CachingAllocatorModel:
     """Replay [action, n, bytes] events (1: allocate `bytes` as allocation n, 0: free
     allocation n) through a fresh model; what tests and benchmarks feed it from a GPU's
-    recorded allocator trace."""
+    recorded allocator trace. `segment_addresses`: the addresses the GPU's driver gave its
+    segments, in order, for the model's (the driver's order decides between equal free
+    blocks; without them each segment goes below the ones before)."""
     model = CachingAllocatorModel()
+    model.addresses = list(reversed(segment_addresses or []))
     blocks = {}
     for action, n, size in events:
         if action == 1:

@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["DataDependent", "MAX_INT_NUMEL", "MAX_FLOAT_NUMEL"]
+__all__ = ["DataDependent", "MAX_INT_NUMEL", "MAX_FLOAT_NUMEL", "MAX_DRAW_VARIANTS", "draw_variants"]
 
 MAX_INT_NUMEL = 1 << 24          # integer / bool tensors: masks, ids, labels, positions, routing
 MAX_FLOAT_NUMEL = 1 << 16        # floating tensors: a mask's additive form, rotary tables; not activations
@@ -65,8 +65,19 @@ _VALUE_FREE = {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros"
 # luck of this process's CPU generator
 _RANDOM_DRAWS = {"rand", "randn", "rand_like", "randn_like", "normal", "uniform", "bernoulli", "exponential",
                  "cauchy", "log_normal", "geometric"}
+# steps run with branches decided by random draws varied, at most (each flips one branch, or
+# every MAX_DRAW_VARIANTS-th one when there are more)
+MAX_DRAW_VARIANTS = 8
 # fake kernels stricter than the real ones: run on stand-ins of this dtype for the shape
 _DTYPE_STAND_INS = {"_grouped_mm": torch.bfloat16}
+
+
+def draw_variants(branches: int) -> list[frozenset[int]]:
+    """The steps to run after the plain ones when `branches` branches of a step are decided
+    by random draws: each flips one of them (a layer LayerDrop skips), or past
+    MAX_DRAW_VARIANTS, every MAX_DRAW_VARIANTS-th one."""
+    n = min(branches, MAX_DRAW_VARIANTS)
+    return [frozenset(range(v, branches, n)) for v in range(n)]
 
 
 def _device_to_cpu(x):
@@ -114,6 +125,8 @@ class DataDependent(TorchDispatchMode):
         self._notes: dict[str, str] = {}
         self._info: dict = {}               # op -> (name, whether it writes an argument)
         self.noting = True                  # off while the model is built: its initial values do not matter
+        self.branches = 0                   # branches decided by a random draw in this step so far
+        self.flips: frozenset[int] = frozenset()    # those answered the other way in this step
 
     # ------------------------------------------------------------------ values
     def value(self, t) -> torch.Tensor | None:
@@ -148,6 +161,12 @@ class DataDependent(TorchDispatchMode):
     def notes(self) -> list[str]:
         """What the estimate assumed about values it does not know, one line per op."""
         return list(self._notes.values())
+
+    def begin_step(self, flips=()) -> None:
+        """A new training step: its branches decided by random draws are counted from 0, and
+        those numbered in `flips` take the other branch (a layer LayerDrop skips)."""
+        self.branches = 0
+        self.flips = frozenset(flips)
 
     def _note(self, key: str, text: str) -> None:
         if self.noting:
@@ -328,10 +347,18 @@ class DataDependent(TorchDispatchMode):
             where = _where()
             if self._any_drawn(tensors):
                 self._note(f"scalar:{where}", f"a random draw decides a branch at {where} (aten.{name}: "
-                           "LayerDrop and the like): taken as 0 / False in every step; on a GPU each step draws "
-                           "anew, so its steps differ from one another and leave its cached segments split "
-                           "otherwise, and the reserved peak can be above the estimate's (wav2vec2 fp32 at batch 8 "
-                           "on the H200: 15% above, its allocated peak as estimated)")
+                           "LayerDrop and the like): on a GPU each step draws anew, so its steps differ from one "
+                           "another and leave its cached segments split otherwise (wav2vec2 fp32 at batch 8 on "
+                           "the H200: a reserved peak 15% above that of steps all alike); the estimate runs its "
+                           "steps with every such branch taken as 0 / False, and again with them varied (the "
+                           "first taken otherwise in the first step, then one more step for each, "
+                           f"{MAX_DRAW_VARIANTS} at most, taking it otherwise), and reports the higher peaks")
+                flip = self.branches in self.flips
+                self.branches += 1
+                if flip:
+                    if name != "_local_scalar_dense" or dtype == torch.bool:
+                        return True
+                    return 1.0 if dtype.is_floating_point else 1
             else:
                 self._note(f"scalar:{where}", f"a value read at {where} (aten.{name}: .item(), bool(), a "
                            "comparison) depends on weights, activations or random draws, which the estimate does "

@@ -45,7 +45,11 @@ the estimate does instead:
 
 What a model's step does that fake tensors cannot: data-dependent ops (`.item()`, masks read
 or selected by value, `nonzero`, MoE routing) get the values the build made where it made
-them, else an assumption or an upper bound, noted (memdoctor.predict.data_dependent);
+them, else an assumption or an upper bound, noted (memdoctor.predict.data_dependent); a
+branch a random draw decides (LayerDrop) runs every layer, and the steps run again with the
+draws varied, a layer skipped in the first step and another in each later one: a GPU's steps
+differ so, and the cache one leaves can reserve more (wav2vec2 on an H200: 15%), so the
+estimate reports the higher peaks of the two runs;
 cuDNN's fused RNNs allocate as cuDNN does, reserve space and workspaces measured on this
 machine's GPU or bounded (memdoctor.predict.fused_rnn); libraries that switch paths on seeing
 a fake tensor (transformers' is_tracing) run the path a GPU runs
@@ -67,7 +71,7 @@ from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorMode
 from memdoctor.cuda.kernel_scratch import Gpu
 from memdoctor.predict import cpu_standin
 from memdoctor.predict.math_attention import cuda_math_attention
-from memdoctor.predict.data_dependent import DataDependent
+from memdoctor.predict.data_dependent import DataDependent, draw_variants
 from memdoctor.predict.eager_libraries import eager
 from memdoctor.predict.fused_rnn import cudnn_rnns
 from memdoctor.predict.anchors import compute_anchors
@@ -172,28 +176,37 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     notes = _plan_notes(plan, target)
     run_plan = Plan(plan.precision, plan.checkpointing, plan.micro_batch, plan.optimizer, None)  # zero: in the replay
     fake = _run_fake_steps(build, run_plan, target, steps, conv_probe)
-    run = fake.run
     notes += fake.uncertain
     if fake.forced_foreach:
         notes.append("optimizer foreach=None: stepped with the foreach (multi-tensor) kernels, as torch "
                      "chooses on CUDA")
-    workspaces = _add_kernel_memory(fake, target, conv_probe, notes) if target.device == "cuda" else 0
-    merge_in_place(run, fake.in_place)
     conf = _allocator_config(allocator_conf, notes)
-    counted = counted_blocks(run, target.sim, skip_cpu_scalars=target.cpu_for_cuda)
-    sizes_of, dist_note = one_rank(run, counted, world_size, plan.zero, fake.grad_bytes, target.sim)
-    if dist_note:
-        notes.append(dist_note)
-    settled = steps if settle else None
-    rep = replay(run, counted, CachingAllocatorModel(None, conf), sizes_of=sizes_of, steps=settled)
+    plain = _replayed(fake, target, conv_probe, conf, world_size, plan, settle, notes)
+    run, rep = plain.run, plain.rep
     notes += _settle_notes(run, rep, steps)
+    varied = None
+    if fake.draws:              # LayerDrop and the like: the steps with the random draws varied
+        probe = ConvProbe() if conv_probe is not None else None
+        try:
+            varied = _replayed(_run_fake_steps(build, run_plan, target, steps, probe, vary=fake.draws), target,
+                               probe, conf, world_size, plan, settle, [])
+            notes.append(_varied_note(rep, varied.rep))
+        except EstimateError as exc:
+            notes.append(f"random draws varied: the steps could not run so ({exc}); the reserved peak of a GPU's "
+                         "steps, which draw anew each step, can be above the estimate's")
     context = CUDA_CONTEXT_BYTES if cuda_context_bytes is None else int(cuda_context_bytes)
-    est = _estimate_of(run, rep, counted, fake, target, steps, notes=notes, workspace_bytes=workspaces,
+    est = _estimate_of(run, rep, plain.counted, fake, target, steps, notes=notes, workspace_bytes=plain.workspaces,
                        cuda_context_bytes=context if target.device == "cuda" else 0, plan=str(plan),
                        world_size=world_size, budget_bytes=budget)
+    if varied is not None:
+        est.peak_allocated_bytes = max(est.peak_allocated_bytes, varied.rep.peak_allocated)
+        est.peak_reserved_bytes = max(est.peak_reserved_bytes, varied.rep.peak_reserved)
     if budget is not None:
-        est.fits, est.oom, est.budget_peak_reserved_bytes = check_budget(run, counted, conf, budget, sizes_of,
-                                                                         settled)
+        est.fits, est.oom, est.budget_peak_reserved_bytes = plain.check(conf, budget)
+        if varied is not None and est.fits:
+            fits, oom, peak = varied.check(conf, budget)
+            est.fits, est.oom = fits, oom
+            est.budget_peak_reserved_bytes = max(est.budget_peak_reserved_bytes, peak)
     run.meta["estimate"] = {k: v for k, v in est.to_dict().items() if k not in ("anchors", "by_module")}
     if anchors:
         est.anchors = compute_anchors(build, run_plan, device, est, world_size=world_size, steps=steps)
@@ -240,6 +253,8 @@ class _FakeRun:
     forced_foreach: bool
     in_place: list[tuple[int, int]]
     uncertain: list[str]        # what was assumed or bounded about values fake tensors lack
+    steps: int                  # the steps run
+    draws: int                  # branches decided by random draws in the last step
 
 
 def _plan_notes(plan: Plan, target: _Target) -> list[str]:
@@ -255,9 +270,15 @@ def _plan_notes(plan: Plan, target: _Target) -> list[str]:
 
 
 def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
-                    conv_probe: ConvProbe | None) -> _FakeRun:
+                    conv_probe: ConvProbe | None, vary: int = 0) -> _FakeRun:
     """Build the configuration on fake tensors, apply the plan and run `steps` training steps
-    under the tracer and the kernel watch; EstimateError saying which stage failed."""
+    under the tracer and the kernel watch; EstimateError saying which stage failed.
+
+    `vary`: the branches per step decided by random draws (a plain run's `draws`); the steps
+    then take those branches otherwise, as a GPU's draws do (LayerDrop skipping a layer): the
+    first step the first branch (a layer whose optimizer state is made a step later, where
+    that step's frees left room), then after the plain steps one step per variant of
+    draw_variants, and a plain step last, the one the replay repeats until it settles."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memdoctor.capture.session import Tracer
@@ -302,8 +323,14 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
                     tables.watch(optimizer)
                     stage = "running the training step"
                     libraries.refresh()
-                    for _ in range(steps):
+                    schedule = [frozenset()] * steps
+                    if vary:
+                        schedule[0] = frozenset({0})
+                        schedule += draw_variants(vary) + [frozenset()]
+                    for flips in schedule:
+                        values.begin_step(flips)
                         train_step(model, optimizer, batch, loss_fn, prepared, fake=True)
+                    steps = len(schedule)
                     del built, batch, prepared
     except EstimateError:
         raise
@@ -318,7 +345,49 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     run = tracer.run
     inputs_are_the_batch(run, batch_ids)
     return _FakeRun(run, watch, n_params, param_bytes, grad_bytes, forced_foreach,
-                    in_place=sums_in_place(run, watch.accumulations), uncertain=values.notes() + rnn_notes)
+                    in_place=sums_in_place(run, watch.accumulations), uncertain=values.notes() + rnn_notes,
+                    steps=steps, draws=values.branches)
+
+
+@dataclass
+class _Replayed:
+    """A fake run made ready for the allocator (kernel memory inserted, gradient sums merged)
+    and replayed: what the estimate reads, and what a budget check replays again."""
+    run: Run
+    counted: set[int]
+    sizes_of: dict[int, int] | None
+    settled: int | None
+    rep: Replay
+    workspaces: int
+
+    def check(self, conf: AllocatorConfig, budget: int):
+        return check_budget(self.run, self.counted, conf, budget, self.sizes_of, self.settled)
+
+
+def _replayed(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, conf: AllocatorConfig,
+              world_size: int, plan: Plan, settle: bool, notes: list[str]) -> _Replayed:
+    run = fake.run
+    workspaces = _add_kernel_memory(fake, target, conv_probe, notes) if target.device == "cuda" else 0
+    merge_in_place(run, fake.in_place)
+    counted = counted_blocks(run, target.sim, skip_cpu_scalars=target.cpu_for_cuda)
+    sizes_of, dist_note = one_rank(run, counted, world_size, plan.zero, fake.grad_bytes, target.sim)
+    if dist_note:
+        notes.append(dist_note)
+    settled = fake.steps if settle else None
+    rep = replay(run, counted, CachingAllocatorModel(None, conf), sizes_of=sizes_of, steps=settled)
+    return _Replayed(run, counted, sizes_of, settled, rep, workspaces)
+
+
+def _varied_note(plain: Replay, varied: Replay) -> str:
+    """What the steps with random draws varied reserve, next to the plain steps."""
+    if varied.peak_reserved > plain.peak_reserved:
+        return (f"random draws varied (a layer LayerDrop skips in the first step, then in each later step "
+                f"another): the reserved peak is {format_bytes(varied.peak_reserved)}, "
+                f"{format_bytes(varied.peak_reserved - plain.peak_reserved)} above the steps with every branch "
+                "alike; the estimate reports the higher")
+    return (f"random draws varied (a layer LayerDrop skips in the first step, then in each later step another): "
+            f"the reserved peak is {format_bytes(varied.peak_reserved)}, no higher than the steps with every "
+            "branch alike")
 
 
 def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, notes: list[str]) -> int:
