@@ -7,6 +7,7 @@ once, it never reaches the training loop.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import weakref
@@ -25,6 +26,8 @@ from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_ste
 DATASET_ROWS = 4        # an input taken from a storage this many times its size: a dataset's slice
 _FORWARD, _BACKWARD, _OPTIMIZER = Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value
 _INPUTS, _ACTIVATIONS = Category.INPUTS.value, Category.ACTIVATIONS.value
+# a C++ guard: a detach under it costs about a microsecond, through the dispatch source's mode ten
+_NO_PYTHON_DISPATCH = getattr(torch._C, "_DisableTorchDispatch", contextlib.nullcontext)
 
 
 @dataclass(slots=True)
@@ -491,7 +494,10 @@ class OwnershipHooks:
                 raise
             except Exception as exc:
                 self.stop_after(exc)
-        return tensor.detach(), tensor._version
+        if type(tensor) is torch.Tensor:
+            with _NO_PYTHON_DISPATCH():    # an alias, no op of the traced run: not through a dispatch mode
+                return tensor.detach(), tensor._version
+        return tensor.detach(), tensor._version      # a subclass (a fake tensor) needs its own dispatch
 
     def _claim_saved(self, tensor) -> None:
         """`claim(tensor, activations)`; a storage counted already (nearly always: an op's
