@@ -32,16 +32,20 @@ def test_the_limit_is_1_gib_and_settable(monkeypatch):
 
 
 def test_a_trace_of_60000_forward_calls_reads_back_under_the_default_limit(tmp_path, monkeypatch):
-    """A dataset preloaded sample by sample (60,000 transform calls, 300,000 events) is a
-    run memdoctor writes; reading it back charges less than the default limit, and at
-    least what reading it takes."""
+    """Features computed sample by sample by a small model under no_grad (60,000 model calls,
+    over 300,000 events) is a run memdoctor writes; reading it back charges less than the
+    default limit, and at least what reading it takes. (A transform without parameters
+    would leave no forward calls: such calls pass through the hooks.)"""
     import tracemalloc
     from memdoctor.capture.script import trace_script
     monkeypatch.delenv("MEMDOCTOR_READ_LIMIT", raising=False)
     script = tmp_path / "preload.py"
     script.write_text("import torch\nfrom torch import nn\n"
-                      "class Normalize(nn.Module):\n    def forward(self, x):\n        return (x - 0.13) / 0.31\n"
-                      "norm = Normalize()\ndata = [norm(torch.rand(1, 28, 28)) for _ in range(60000)]\n")
+                      "class Features(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                      "        self.scale = nn.Parameter(torch.ones(1))\n"
+                      "    def forward(self, x):\n        return (x - 0.13) / 0.31 * self.scale\n"
+                      "model = Features()\nwith torch.no_grad():\n"
+                      "    data = [model(torch.rand(1, 28, 28)) for _ in range(60000)]\n")
     path = tmp_path / "r.memrun.json.gz"
     trace_script(str(script), source="dispatch").run.save(path)
     charged = Allowance("x", limit=1 << 62)

@@ -196,3 +196,23 @@ def test_inputs_passed_by_keyword_are_inputs():
         model(input_ids=torch.randn(32, 64), labels=torch.zeros(32))
     shapes = sorted(b.shape for b in t.run.blocks.values() if b.category == "inputs")
     assert shapes == [[32], [32, 64]]
+
+
+class _Normalize(nn.Module):
+    def forward(self, x):
+        return (x - 0.1307) / 0.3081
+
+
+def test_a_transform_without_parameters_is_no_pass_and_what_it_makes_is_made_outside_any_forward():
+    """A parameterless module applied to samples that need no gradient (a dataset preloaded
+    sample by sample) passes through the hooks: no forward call, no marks; the samples it
+    makes belong to the phase around it. A loss module fed a model's output that needs a
+    gradient is still a call, and the model's are."""
+    model, norm, criterion = mlp(), _Normalize(), nn.CrossEntropyLoss()
+    with Tracer(source="dispatch") as t:
+        data = [norm(torch.rand(4, 64)) for _ in range(20)]
+        criterion(model(data[0]), torch.zeros(4, dtype=torch.long)).backward()
+    calls = [c["module"] for c in t.run.meta["forward_calls"]]
+    assert len(calls) == 2 and "_Normalize" not in calls, calls
+    made = [b for b in t.run.blocks.values() if b.shape == [4, 64] and b.alloc_seq < t.run.marks[1].seq]
+    assert len(made) >= 20 and {b.phase for b in made} == {"other"}, {b.phase for b in made}
