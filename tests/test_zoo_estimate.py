@@ -32,6 +32,19 @@ def h200_trace(name: str) -> dict:
                                       .read_bytes()))["real"]
 
 
+def estimate_reserving_the_h200s(trace: str, arch: str, batch: int, plan: str | None):
+    """The zoo estimate of a configuration whose H200 trace the allocator model replays
+    exactly, checked to reserve the H200's bytes (and allocate within 0.1%)."""
+    from memdoctor.cuda.allocator_model import replay_trace
+    real = h200_trace(trace)
+    model = replay_trace(real["events"])
+    assert (model.peak_allocated, model.peak_reserved) == (real["max_allocated"], real["max_reserved"])
+    est = zoo_estimate(arch, batch, plan)
+    assert est.peak_reserved_bytes == real["max_reserved"]
+    assert abs(est.peak_allocated_bytes - real["max_allocated"]) <= 0.001 * real["max_allocated"]
+    return est
+
+
 def notes_with(est, *words):
     return [n for n in est.notes if all(w in n for w in words)]
 
@@ -148,13 +161,7 @@ def test_layer_norm_copies_make_the_h200s_reserved_peak_of_a_checkpointed_whispe
     on the GPU the copies have split (tests/fixtures/zoo_traces/whisper_ckpt_b4.json.gz,
     benchmarks/zoo/zoo_traces.py; the H200's cuDNN convolution workspaces, which a CPU-only
     estimate leaves out, are not at its peaks)."""
-    from memdoctor.cuda.allocator_model import replay_trace
-    real = h200_trace("whisper_ckpt_b4")
-    model = replay_trace(real["events"])
-    assert (model.peak_allocated, model.peak_reserved) == (real["max_allocated"], real["max_reserved"])
-    est = zoo_estimate("whisper", 4, "ckpt=full")
-    assert est.peak_reserved_bytes == real["max_reserved"]
-    assert abs(est.peak_allocated_bytes - real["max_allocated"]) <= 0.001 * real["max_allocated"]
+    est = estimate_reserving_the_h200s("whisper_ckpt_b4", "whisper", 4, "ckpt=full")
     copies = [b for b in est.run.blocks.values() if b.name.startswith("layer norm")]
     # each step: 9 encoder layer norms in forward, the 8 of the checkpointed layers again in
     # recompute, 9 in backward; all of 4 x 1500 x 512 fp32
@@ -171,13 +178,7 @@ def test_a_checkpointed_swin_reserves_what_the_h200_reserved():
     dimensions makes an intermediate before its output; and layer norm's dX is contiguous,
     where the meta kernel's took the pooler's transposed gradient layout and the view before
     it in backward cloned it."""
-    from memdoctor.cuda.allocator_model import replay_trace
-    real = h200_trace("swin_ckpt_b64")
-    model = replay_trace(real["events"])
-    assert (model.peak_allocated, model.peak_reserved) == (real["max_allocated"], real["max_reserved"])
-    est = zoo_estimate("swin", 64, "ckpt=full")
-    assert est.peak_reserved_bytes == real["max_reserved"]
-    assert abs(est.peak_allocated_bytes - real["max_allocated"]) <= 0.001 * real["max_allocated"]
+    est = estimate_reserving_the_h200s("swin_ckpt_b64", "swin", 64, "ckpt=full")
     masks = {b.nbytes for b in est.run.blocks.values() if b.name == "aten.constant_pad_nd" and b.shape[-1] == 56}
     assert 4096 * 3 * 49 * 56 * 4 in masks
     assert [b for b in est.run.blocks.values() if b.name.startswith("roll:")]

@@ -351,14 +351,10 @@ class OwnershipHooks:
 
     def _claim_input(self, t: torch.Tensor) -> None:
         """A tensor handed to an outermost call is an input, unless a forward made it."""
-        try:                # asked once: each call makes a new Python object
-            storage = t.untyped_storage()
-        except Exception:
-            storage = None
+        storage = _storage_of(t)        # asked once: each call makes a new Python object
         if self._made_by_forward(t, storage):
             return
-        if storage is None or not self.rec.claim_counted(t, storage, _INPUTS):
-            self.rec.claim(t, _INPUTS, storage=storage)
+        self._claim_as(t, storage, _INPUTS)
         if storage is not None and storage.nbytes() >= DATASET_ROWS * max(t.nbytes, 1):
             self._note_slice(t, storage)     # a small view of a large storage
 
@@ -500,15 +496,13 @@ class OwnershipHooks:
         return tensor.detach(), tensor._version      # a subclass (a fake tensor) needs its own dispatch
 
     def _claim_saved(self, tensor) -> None:
-        """`claim(tensor, activations)`; a storage counted already (nearly always: an op's
-        output, a weight) the short way, as _claim_input does."""
-        rec = self.rec
-        try:
-            storage = tensor.untyped_storage()
-        except Exception:
-            storage = None
-        if storage is None or not rec.claim_counted(tensor, storage, _ACTIVATIONS):
-            rec.claim(tensor, _ACTIVATIONS, storage=storage)
+        self._claim_as(tensor, _storage_of(tensor), _ACTIVATIONS)
+
+    def _claim_as(self, t: torch.Tensor, storage, category: str) -> None:
+        """`claim(t, category)`; a storage counted already (nearly always: an op's output, a
+        weight) the short way."""
+        if storage is None or not self.rec.claim_counted(t, storage, category):
+            self.rec.claim(t, category, storage=storage)
 
     @guarded
     def _grad_ready(self, param, name: str):
@@ -555,6 +549,13 @@ class OwnershipHooks:
             counts[c.module] = counts.get(c.module, 0) + 1
         top = max(counts, key=counts.get)
         return "forward", [c.mark_start for c in models if c.module == top][1:]
+
+
+def _storage_of(t: torch.Tensor):
+    try:
+        return t.untyped_storage()
+    except Exception:
+        return None
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
