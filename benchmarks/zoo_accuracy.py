@@ -4,7 +4,8 @@ torchvision models with random weights).
 
 For each configuration (architecture x fp32 / bf16 autocast / full checkpointing x two batch
 sizes), one fresh process:
-  (a) measures: builds the configuration on the GPU, trains 6 AdamW steps
+  (a) measures: builds the configuration on the GPU, trains 6 AdamW steps (--steps: more
+      for a model whose steps draw at random, LayerDrop's, whose peak grows with the draws)
       (memdoctor.predict.fake_step.train_step: forward, backward, step,
       zero_grad(set_to_none=True); the plan applied with memdoctor.remedies.prepare),
       torch.cuda.max_memory_allocated() / max_memory_reserved() of the whole process;
@@ -23,6 +24,7 @@ fake tensors, and cuDNN's measured RNN sizes with the bound used without a GPU.
     python benchmarks/zoo_accuracy.py --resume DIR/zoo_accuracy_h200_<date>.json --out DIR2
                                                             # run what a time-limited run left
     python benchmarks/zoo_accuracy.py --only llama lstm     # some architectures
+    python benchmarks/zoo_accuracy.py --only wav2vec2 hubert --steps 30    # LayerDrop: many steps
     python benchmarks/zoo_accuracy.py --dry-run             # estimates only, no GPU (CPU stands in for CUDA)
 
 Writes zoo_accuracy_<hardware>_<date>.json (benchmarks/results, or --out) with the command,
@@ -126,7 +128,7 @@ def _measure(row: dict) -> dict:
         if row["plan"]:
             prepared = prepare(model, optimizer, row["plan"], device_type=DEVICE)
             optimizer = prepared.optimizer
-        for _ in range(STEPS):
+        for _ in range(row.get("measure_steps", STEPS)):
             train_step(model, optimizer, batch, loss_fn, prepared)
         torch.cuda.synchronize()
         stats = torch.cuda.memory_stats()
@@ -494,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-budget", type=float, default=450.0, help="seconds for the whole run (default 450)")
     ap.add_argument("--no-memtracker", action="store_true", help="skip MemTracker")
     ap.add_argument("--no-checks", action="store_true", help="skip the SDPA / RNN checks on the GPU")
+    ap.add_argument("--steps", type=int, default=STEPS,
+                    help=f"training steps measured (default {STEPS}; more for a model whose steps draw at random)")
     ap.add_argument("--resume", metavar="RESULT", help="keep the configurations this earlier result has, run the rest")
     ap.add_argument("--list", action="store_true", help="list the zoo and exit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -523,13 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers is None:
         args.workers = 10 if gpu else max(1, os.cpu_count() or 1)
     hw = resultfile.hardware("cuda" if gpu else "cpu")
-    rows = configs(args.only, args.modes)
+    rows = [{**r, "measure_steps": args.steps} for r in configs(args.only, args.modes)]
     previous = json.loads(Path(args.resume).read_text()) if args.resume else {}
     kept = _resumed(previous, rows)
     rows = [r for r in rows if r["id"] not in {k["id"] for k in kept}]
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
            "gpu": torch.cuda.get_device_name(0) if gpu else None,
-           "cudnn": torch.backends.cudnn.version() if gpu else None, "workers": args.workers, "steps": STEPS,
+           "cudnn": torch.backends.cudnn.version() if gpu else None, "workers": args.workers, "steps": args.steps,
            "transformers": _version("transformers"),
            "torchvision": _version("torchvision"), "cpu_count": os.cpu_count()}
     print(f"{len(rows)} configurations ({len(kept)} kept from {args.resume}), " if kept else

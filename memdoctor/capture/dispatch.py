@@ -112,7 +112,7 @@ class DispatchSource(TorchDispatchMode):
                     self._follow_backward()
                 block = rec.add_output(out, known[1])
                 if block is not None:       # a new storage: the user's line (here(2): above this method)
-                    block.source = self._frames.here(2)
+                    rec.blocks.source[block] = self._frames.here(2)
             else:
                 self._record(func, out, args)
         except torch.OutOfMemoryError:
@@ -148,40 +148,42 @@ class DispatchSource(TorchDispatchMode):
         # a block whose ALLOC comes at or after `seq` is new: it gets the user's line (the
         # stack walk starts above this method and __torch_dispatch__: here(3))
         seq = len(rec.run.actions)
+        cols = rec.blocks
         if isinstance(out, Tensor):
             block = rec.add(out, name, _TEMP)
-            if block is not None and block.alloc_seq >= seq:
-                block.source = self._frames.here(3)
+            if block is not None and cols.alloc_seq[block] >= seq:
+                cols.source[block] = self._frames.here(3)
         elif isinstance(out, _SEQUENCES):     # (out, mean, rstd), a list of chunks, ...
             source = None
             for t in out:
                 if isinstance(t, Tensor):
                     block = rec.add(t, name, _TEMP)
-                    if block is not None and block.alloc_seq >= seq:
+                    if block is not None and cols.alloc_seq[block] >= seq:
                         if source is None:
                             source = self._frames.here(3)
-                        block.source = source
+                        cols.source[block] = source
                 elif isinstance(t, _SEQUENCES):
                     self._record_leaves(name, t, seq)
         elif out is not None and not isinstance(out, _SCALARS):
             self._record_leaves(name, out, seq)
 
     def _record_leaves(self, name: str, out, seq: int) -> None:
+        cols = self.recorder.blocks
         for t in tree_leaves(out):
             if isinstance(t, Tensor):
                 block = self.recorder.add(t, name, _TEMP)
-                if block is not None and block.alloc_seq >= seq:
-                    block.source = self._frames.here(4)
+                if block is not None and cols.alloc_seq[block] >= seq:
+                    cols.source[block] = self._frames.here(4)
 
     def _note_zeroed(self, args) -> None:
         """Gradients zeroed in place stay allocated: note the user's line that did it."""
-        live = self.recorder.live
+        live, categories = self.recorder.live, self.recorder.blocks.category
         ids = []
         for t in tree_leaves(args[:1]):
             if isinstance(t, Tensor):
                 entry = live.get(t.untyped_storage()._cdata)
-                if entry is not None and entry.block.category == _GRADIENTS:
-                    ids.append(entry.block.id)
+                if entry is not None and categories[entry.id] == _GRADIENTS:
+                    ids.append(entry.id)
         if ids:
             self._zeroed.setdefault(self._frames.here(4), set()).update(ids)
 

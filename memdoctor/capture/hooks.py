@@ -420,7 +420,7 @@ class OwnershipHooks:
         held whole, DATASET_ROWS times its size or more): remember the storage (its block, or
         its address under the allocator source) and the rows taken from it."""
         entry = self.rec.live.get(storage._cdata)
-        key = ("block", entry.block.id) if entry is not None else ("address", storage.data_ptr())
+        key = ("block", entry.id) if entry is not None else ("address", storage.data_ptr())
         rows = t.shape[0] if t.dim() else 1
         self.sliced[key] = max(self.sliced.get(key, 0), rows)
 

@@ -237,7 +237,7 @@ def attach_keepers(run: Run, held: list[Held], live: dict | None = None) -> None
             for key, ptr in h.storages:
                 if live is not None:
                     entry = live.get(key)
-                    block_id = entry.block.id if entry is not None else None
+                    block_id = entry.id if entry is not None else None
                 else:
                     block_id = at.get(ptr)
                 if block_id is not None:

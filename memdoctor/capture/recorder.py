@@ -2,14 +2,16 @@
 
 Both sources feed it: the dispatch mode reports storages as ops create them, the hooks
 report who owns a storage (parameter, gradient, optimizer state, saved for backward,
-input) and where the run is (phase, step, module). Every storage is one Block, counted
+input) and where the run is (phase, step, module). Every storage is one block, counted
 once, freed when its last tensor dies (a weakref callback on the storage object, which
 PyTorch keeps alive exactly as long as the storage itself).
 
 A long run records millions of these, and the garbage collector walks every container
-object that stays alive: marks are therefore kept as plain tuples while recording (which
-the collector stops walking) and become Mark objects in `finish_marks`, before anything
-reads them; blocks of one shape share one shape list (never changed in place).
+object that stays alive: blocks are therefore kept as columns while recording
+(memdoctor.capture.block_columns) and become the Run's Block objects when the trace stops;
+marks are plain tuples (which the collector stops walking) until `finish_marks` makes them
+Mark objects, before anything reads them; blocks of one shape share one shape list (never
+changed in place). The methods that count a storage return its block's id.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from memdoctor.capture.block_columns import BlockColumns
 from memdoctor.collector import paused_gc
-from memdoctor.run import OOM, Action, Block, Category, Mark, Phase, Run, stronger
+from memdoctor.run import OOM, Action, Category, Mark, Phase, Run, stronger
 
 log = logging.getLogger("memdoctor")
 
@@ -37,15 +40,17 @@ _WRAPPERS: dict[type, bool] = {}                # tensor subclass -> holds its m
 
 
 class _StorageRef(weakref.ref):
-    """The weak reference to a live storage, which also says which block it is: one object
-    per live storage (not a closure, a tuple and a plain weakref), so fewer objects for the
-    garbage collector to walk while a long run records."""
-    __slots__ = ("key", "block")
+    """The weak reference to a live storage, which also says which block it is (`id`): one
+    object per live storage (not a closure, a tuple and a plain weakref), so fewer objects
+    for the garbage collector to walk while a long run records."""
+    __slots__ = ("key", "id")
 
 
 class Recorder:
     def __init__(self, run: Run):
         self.run = run
+        self.blocks = BlockColumns()        # the Run's blocks until `stop` makes them objects
+        self._blocks_done = 0               # ids below this are in run.blocks already
         self.active = True
         self.live: dict[int, _StorageRef] = {}
         # storages resized to 0 bytes: their last entry, kept so its weakref still fires
@@ -65,7 +70,6 @@ class Recorder:
         self.on_mark: Callable[..., None] | None = None
         self.on_step_end: Callable[[], None] | None = None   # the allocator source's, at each step's end
         self._t0 = time.perf_counter()
-        self._next_id = 0
         self._dtype_names: dict[Any, str] = {}
         self._device_names: dict[Any, str] = {}
         # devices whose storages are not counted: the host's, in a run on a GPU
@@ -112,8 +116,8 @@ class Recorder:
 
     # ---- storages ------------------------------------------------------------------
     def add(self, tensor, name: str, category: str, phase: str | None = None,
-            before: bool = False, storage=None) -> Block | None:
-        """Count `tensor`'s storage if it is new; returns its Block either way. `before`:
+            before: bool = False, storage=None) -> int | None:
+        """Count `tensor`'s storage if it is new; returns its block's id either way. `before`:
         the storage is no op's output in the trace but existed already (claimed): it counts
         in the live bytes, yet the simulated budget never raises for it: only what the
         traced code allocates can run out of memory."""
@@ -131,9 +135,9 @@ class Recorder:
                 return None
         return self._count(storage, tensor, name, category, phase, before)[0]
 
-    def add_output(self, tensor: torch.Tensor, name: str) -> Block | None:
-        """An op's output of type Tensor itself, counted as a temporary: its Block if the
-        storage is new, None if it is counted already (a view, an in-place op) or has none.
+    def add_output(self, tensor: torch.Tensor, name: str) -> int | None:
+        """An op's output of type Tensor itself, counted as a temporary: its block's id if
+        the storage is new, None if it is counted already (a view, an in-place op) or has none.
         The path of nearly every op: `_count` inline, without `add`'s checks for subclasses."""
         try:
             storage = tensor.untyped_storage()
@@ -142,33 +146,61 @@ class Recorder:
         key = storage._cdata
         entry = self.live.get(key)
         if entry is not None:
-            block = entry.block
-            if block.category != _TEMP:
-                block.category = stronger(_TEMP, block.category)
+            categories = self.blocks.category
+            if categories[entry.id] != _TEMP:
+                categories[entry.id] = stronger(_TEMP, categories[entry.id])
             return None
         nbytes = storage.nbytes()
         if self.budget is not None:
             self.budget(nbytes, self.live_bytes)
-        return self._alloc(storage, key, nbytes, tensor, name, _TEMP, None)
+        # `_alloc` and `_new_block` inline from here: three calls fewer on every new storage
+        size, dtype, device = tensor.shape, tensor.dtype, tensor.device
+        shape = self._shapes.get(size)
+        if shape is None:
+            shape = self._shapes[size] = list(size)
+        dname = self._dtype_names.get(dtype)
+        if dname is None:
+            dname = self._dtype_names[dtype] = str(dtype).replace("torch.", "")
+        devname = self._device_names.get(device)
+        if devname is None:
+            devname = self._device_names[device] = str(device)
+        if devname in self.skip_devices:
+            return None
+        run = self.run
+        seq = len(run.actions)
+        cols = self.blocks
+        block_id = len(cols.nbytes)
+        a = cols.appends
+        a[0](nbytes), a[1](_TEMP), a[2](name), a[3](shape), a[4](dname), a[5](devname)
+        a[6](self.module), a[7](self.phase), a[8](self.step), a[9](seq), a[10](None), a[11](-1)
+        run.actions.append(_ALLOC)
+        run.event_blocks.append(block_id)
+        run.event_bytes.append(nbytes)
+        ref = _StorageRef(storage, self._on_free_callback)
+        ref.key, ref.id = key, block_id
+        self.live[key] = ref
+        self.live_bytes += nbytes
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+            self.peak_seq = seq
+        return block_id
 
     def _count(self, storage, tensor, name: str, category: str, phase: str | None,
-               before: bool) -> tuple[Block, bool]:
-        """The Block of `storage` (its category made the stronger of the two if counted
+               before: bool) -> tuple[int | None, bool]:
+        """The block id of `storage` (its category made the stronger of the two if counted
         already) and whether it is new; `before`: never checked against the budget."""
         key = storage._cdata
         entry = self.live.get(key)
         if entry is not None:
-            block = entry.block
-            if block.category != category:
-                block.category = stronger(category, block.category)
-            return block, False
+            self._strengthen(entry.id, category)
+            return entry.id, False
         nbytes = storage.nbytes()
         if self.budget is not None and not before:
             self.budget(nbytes, self.live_bytes)
         return self._alloc(storage, key, nbytes, tensor, name, category, phase), True
 
     def _add_inner(self, tensor, name: str, category: str, phase: str | None,
-                   before: bool = False) -> Block | None:
+                   before: bool = False) -> int | None:
         """A wrapper subclass (DTensor, ...) holds no memory of its own (its storage reports
         the global size): the tensors inside it do, a rank's local shard for a DTensor."""
         try:
@@ -180,10 +212,10 @@ class Recorder:
             inner = getattr(tensor, attr, None)
             if isinstance(inner, torch.Tensor):
                 block = self.add(inner, name, category, phase, before)
-                first = first or block
+                first = block if first is None else first
         return first
 
-    def _alloc(self, storage, key, nbytes, tensor, name, category, phase) -> Block | None:
+    def _alloc(self, storage, key, nbytes, tensor, name, category, phase) -> int | None:
         size, dtype, device = tensor.shape, tensor.dtype, tensor.device
         shape = self._shapes.get(size)
         if shape is None:
@@ -198,25 +230,28 @@ class Recorder:
             return None
         return self._new_block(storage, key, nbytes, shape, dname, devname, name, category, phase)
 
-    def _new_block(self, storage, key, nbytes, shape, dname, devname, name, category, phase) -> Block:
+    def _new_block(self, storage, key, nbytes, shape, dname, devname, name, category, phase) -> int:
         run = self.run
         seq = len(run.actions)
-        block_id = self._next_id
-        self._next_id = block_id + 1
-        block = Block(block_id, nbytes, category, name, shape, dname,
-                      devname, self.module, phase or self.phase, self.step, seq)
-        run.blocks[block_id] = block
+        block_id = self.blocks.append(nbytes, category, name, shape, dname, devname, self.module,
+                                      phase or self.phase, self.step, seq)
         run.actions.append(_ALLOC)
         run.event_blocks.append(block_id)
         run.event_bytes.append(nbytes)
         ref = _StorageRef(storage, self._on_free_callback)
-        ref.key, ref.block = key, block
+        ref.key, ref.id = key, block_id
         self.live[key] = ref
         self.live_bytes += nbytes
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
             self.peak_seq = seq
-        return block
+        return block_id
+
+    def _strengthen(self, block_id: int, category: str) -> None:
+        """The block's category made the stronger of its own and `category`."""
+        categories = self.blocks.category
+        if categories[block_id] != category:
+            categories[block_id] = stronger(category, categories[block_id])
 
     def _on_free(self, ref: _StorageRef) -> None:
         try:
@@ -236,7 +271,7 @@ class Recorder:
         """A storage is about to take `nbytes` in place: the simulated budget's say first."""
         if self.budget is not None and self.active:
             entry = self.live.get(storage._cdata)
-            grow = nbytes - (entry.block.nbytes if entry is not None else 0)
+            grow = nbytes - (self.blocks.nbytes[entry.id] if entry is not None else 0)
             if grow > 0 and (entry is not None or storage._cdata in self._shrunk):
                 self.budget(grow, self.live_bytes)
 
@@ -252,17 +287,18 @@ class Recorder:
         shrunk = self._shrunk.get(key)
         if entry is None and shrunk is None:
             return                      # a storage this trace never counted
-        if (entry.block.nbytes if entry is not None else 0) == nbytes:
+        cols = self.blocks
+        if (cols.nbytes[entry.id] if entry is not None else 0) == nbytes:
             return                      # no change
-        template = entry.block if entry is not None else shrunk.block
+        template = entry.id if entry is not None else shrunk.id
         if entry is not None:
             self.free(key)
         if nbytes == 0:
             self._shrunk[key] = entry
             return
         self._shrunk.pop(key, None)
-        self._new_block(storage, key, nbytes, template.shape, template.dtype, template.device,
-                        template.name, template.category, None)
+        self._new_block(storage, key, nbytes, cols.shape[template], cols.dtype[template],
+                        cols.device[template], cols.name[template], cols.category[template], None)
 
     def free(self, key: int) -> None:
         if not self.active:
@@ -271,13 +307,15 @@ class Recorder:
         entry = self.live.pop(key, None)
         if entry is None:
             return
-        block = entry.block
+        block_id = entry.id
+        cols = self.blocks
+        nbytes = cols.nbytes[block_id]
         run = self.run
-        block.free_seq = len(run.actions)
+        cols.free_seq[block_id] = len(run.actions)
         run.actions.append(Action.FREE)
-        run.event_blocks.append(block.id)
-        run.event_bytes.append(block.nbytes)
-        self.live_bytes -= block.nbytes
+        run.event_blocks.append(block_id)
+        run.event_bytes.append(nbytes)
+        self.live_bytes -= nbytes
 
     def claim_counted(self, tensor, storage, category: str) -> bool:
         """`claim(tensor, category, storage=storage)` for a storage counted already, done
@@ -289,9 +327,7 @@ class Recorder:
         entry = self.live.get(storage._cdata)
         if entry is None:
             return False
-        block = entry.block
-        if block.category != category:
-            block.category = stronger(category, block.category)
+        self._strengthen(entry.id, category)
         return True
 
     def claim(self, tensor, category: str, name: str | None = None, storage=None) -> None:
@@ -313,15 +349,13 @@ class Recorder:
                     return
             entry = self.live.get(storage._cdata)
             if entry is not None:
-                block = entry.block
-                if block.category != category:
-                    block.category = stronger(category, block.category)
-                if name and block.category == category:
-                    block.name = name
+                self._strengthen(entry.id, category)
+                if name and self.blocks.category[entry.id] == category:
+                    self.blocks.name[entry.id] = name
                 return
-        block = self.add(tensor, name or "", category, before=True, storage=storage)
-        if block is not None and name and block.category == category:
-            block.name = name
+        block_id = self.add(tensor, name or "", category, before=True, storage=storage)
+        if block_id is not None and name and self.blocks.category[block_id] == category:
+            self.blocks.name[block_id] = name
 
     def renumber_steps(self, starts: list[int]) -> None:
         """Number the steps from what the script repeats: each mark index in `starts` begins
@@ -339,9 +373,12 @@ class Recorder:
             m.step = step
         self.step = step
         seqs = [m.seq for m in marks]
-        for b in self.run.blocks.values():
-            i = bisect.bisect_right(seqs, b.alloc_seq) - 1
-            b.step = marks[i].step if i >= 0 else 0
+        step_of = [m.step for m in marks]
+        cols = self.blocks
+        cols.step[:] = [step_of[i] if i >= 0 else 0
+                        for i in (bisect.bisect_right(seqs, seq) - 1 for seq in cols.alloc_seq)]
+        for b in self.run.blocks.values():      # made objects by an earlier `stop`
+            b.step = cols.step[b.id]
         for o in self.run.ooms:
             i = bisect.bisect_right(seqs, o.seq) - 1
             o.step = marks[i].step if i >= 0 else 0
@@ -372,3 +409,14 @@ class Recorder:
         self._shrunk.clear()
         self._on_free_callback = None
         self.finish_marks()
+        self.finish_blocks()
+
+    def finish_blocks(self) -> None:
+        """Make the blocks recorded since the last call Block objects of the Run (the
+        collector paused meanwhile, as nothing but these objects is made)."""
+        start = self._blocks_done
+        if start == len(self.blocks):
+            return
+        with paused_gc():
+            self.run.blocks.update(self.blocks.blocks(start))
+        self._blocks_done = len(self.blocks)

@@ -27,7 +27,11 @@ def execute(ns) -> int:
         check_output(ns.memory_viz)
     result = traced(ns)
     with paused_gc():       # only memdoctor's own objects are made from here on
-        return show_and_save(ns, result)
+        code = show_and_save(ns, result)
+        # freed here by its reference counts: the collector's first collection once it is
+        # back on would otherwise walk every object of the run
+        del result
+    return code
 
 
 def show_and_save(ns, result) -> int:

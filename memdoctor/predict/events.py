@@ -111,7 +111,7 @@ def batch_blocks(recorder, batch) -> set[int]:
         if isinstance(t, torch.Tensor):
             block = recorder.add(t, "", Category.INPUTS.value)
             if block is not None:
-                ids.add(block.id)
+                ids.add(block)
     return ids
 
 

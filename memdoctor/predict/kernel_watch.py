@@ -115,7 +115,7 @@ class KernelWatch(TorchDispatchMode):
         if a.shape != b.shape or a.dtype != b.dtype:
             return
         blocks = [self._block_of(t) for t in (a, b, out)]
-        if None in blocks or self.run.blocks[blocks[0]].alloc_seq >= self._node_start:
+        if None in blocks or self.recorder.blocks.alloc_seq[blocks[0]] >= self._node_start:
             return
         # the engine sums into the buffered gradient (the first operand) if it holds its
         # storage alone: dense, and not a view, whose base holds the storage too
@@ -158,7 +158,7 @@ class KernelWatch(TorchDispatchMode):
         if not isinstance(zeros, torch.Tensor) or zeros._is_view() or not _dense(zeros) or zeros.shape != out.shape:
             return
         blocks = [self._block_of(zeros), self._block_of(out)]
-        if None in blocks or self.run.blocks[blocks[0]].alloc_seq < self._node_start:
+        if None in blocks or self.recorder.blocks.alloc_seq[blocks[0]] < self._node_start:
             return
         self.accumulations.append((before, len(self.run.actions), (blocks[0],), blocks[1]))
 
@@ -169,7 +169,7 @@ class KernelWatch(TorchDispatchMode):
         blocks = [self._block_of(out[i]) if isinstance(out[i], torch.Tensor) else None for i in order]
         if None in blocks or len(set(blocks)) != len(blocks):
             return
-        if all(self.run.blocks[b].alloc_seq >= before for b in blocks):
+        if all(self.recorder.blocks.alloc_seq[b] >= before for b in blocks):
             self.reorders.append((before, len(self.run.actions), blocks))
 
     def _block_of(self, t: torch.Tensor) -> int | None:
@@ -177,7 +177,7 @@ class KernelWatch(TorchDispatchMode):
             entry = self.recorder.live.get(t.untyped_storage()._cdata)
         except Exception:
             return None
-        return entry.block.id if entry is not None else None
+        return entry.id if entry is not None else None
 
 
 def _dense(t: torch.Tensor) -> bool:
