@@ -261,9 +261,9 @@ class OwnershipHooks:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self.rec.claim(p.grad, Category.GRADIENTS.value, self._pname(p) + ".grad")
+                    self.rec.claim_again(p.grad, Category.GRADIENTS.value, lambda: self._pname(p) + ".grad")
                 if weights:
-                    self.rec.claim(p, Category.WEIGHTS.value, self._pname(p))
+                    self.rec.claim_again(p, Category.WEIGHTS.value, lambda: self._pname(p))
 
     def _claim_state(self, optimizer, only_if_grown: bool = False) -> None:
         if only_if_grown:
@@ -274,7 +274,7 @@ class OwnershipHooks:
         for p, state in optimizer.state.items():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
-                    self.rec.claim(value, Category.OPTIMIZER_STATE.value, f"{self._pname(p)}:{key}")
+                    self.rec.claim_again(value, Category.OPTIMIZER_STATE.value, lambda: f"{self._pname(p)}:{key}")
         tables = getattr(optimizer, "device_tables", None)      # memdoctor's FusedAdamW
         if callable(tables):
             for name, value in tables().items():

@@ -303,7 +303,8 @@ class Recorder:
     def free(self, key: int) -> None:
         if not self.active:
             return
-        self._shrunk.pop(key, None)
+        if self._shrunk:
+            self._shrunk.pop(key, None)
         entry = self.live.pop(key, None)
         if entry is None:
             return
@@ -356,6 +357,19 @@ class Recorder:
         block_id = self.add(tensor, name or "", category, before=True, storage=storage)
         if block_id is not None and name and self.blocks.category[block_id] == category:
             self.blocks.name[block_id] = name
+
+    def claim_again(self, tensor, category: str, make_name: Callable[[], str]) -> None:
+        """`claim(tensor, category, make_name())` for an owner claimed at every step (an
+        optimizer's weights, gradients and state): nothing to do where the storage is counted
+        as `category` already, and the name made only where it is needed."""
+        if self.claims is None and type(tensor) in _PLAIN:
+            try:
+                entry = self.live.get(tensor.untyped_storage()._cdata)
+            except Exception:
+                return
+            if entry is not None and self.blocks.category[entry.id] == category:
+                return
+        self.claim(tensor, category, make_name())
 
     def renumber_steps(self, starts: list[int]) -> None:
         """Number the steps from what the script repeats: each mark index in `starts` begins
