@@ -308,26 +308,3 @@ def test_grouped_mm_in_fp32_runs_where_its_fake_kernel_refuses_it():
         offs = torch.tensor([24, 48, 72, 96], dtype=torch.int32)
         out = torch._grouped_mm(a, w, offs=offs)
     assert out.shape == (96, 32) and out.dtype == torch.float32
-
-
-def test_outputs_bounded_from_above_take_the_steps_share_of_their_bound():
-    """The steps run again with bounded outputs varied select a share of the bound: a GPU's
-    steps select otherwise each step."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from memdoctor.predict.data_dependent import DataDependent
-    values = DataDependent()
-    with FakeTensorMode(allow_non_fake_inputs=True), values:
-        x = torch.randn(10, 10)             # drawn at random: its values are unknown
-        mask = x > 0
-        sizes = []
-        for share in (1.0, 1 / 8, 1 / 1000):
-            values.begin_step((), share)
-            sizes.append((tuple(mask.nonzero().shape), tuple(x[mask].shape), tuple(x.masked_select(mask).shape)))
-    assert sizes == [((100, 2), (100,), (100,)), ((13, 2), (13,), (13,)), ((1, 2), (1,), (1,))]
-    assert values.bounded
-
-
-def test_an_estimate_with_bounded_outputs_runs_its_steps_again_with_them_varied():
-    est = _estimate(lambda: Selects(True), _select_batch(0), _select_loss, settle=False)
-    varied = [n for n in est.notes if "outputs bounded from above at 1/2, 1/8, 1/32 of their bound" in n]
-    assert len(varied) == 1 and "reserved peak" in varied[0], est.notes

@@ -22,8 +22,7 @@ that shape. On unknown values:
   False: the branch of a step with nothing unusual (no inf in the loss scaler's check, no
   sample outside a truncated normal's bounds);
 - an output whose size depends on them (`nonzero`, `masked_select`, boolean indexing,
-  `unique`) is bounded from above: every element selected; in the steps the estimate runs
-  again with the outputs varied (`begin_step`'s `bound_share`), a share of that.
+  `unique`) is bounded from above: every element selected.
 
 Ops whose fake kernel refuses what the real one runs (`_grouped_mm` on fp32, fake-only
 checks for bf16) are run on bf16 stand-ins for their shape. `notes()` says which ops made the
@@ -32,7 +31,6 @@ estimate uncertain.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 
@@ -70,10 +68,6 @@ _RANDOM_DRAWS = {"rand", "randn", "rand_like", "randn_like", "normal", "uniform"
 # steps run with branches decided by random draws varied, at most (each flips one branch, or
 # every MAX_DRAW_VARIANTS-th one when there are more)
 MAX_DRAW_VARIANTS = 8
-# steps run with outputs bounded from above at a share of their bound, after the plain steps:
-# a GPU's steps select otherwise each step (proposals kept by nms, positions by nonzero), and
-# outputs that differ from step to step leave the cache split otherwise than steps alike
-BOUND_SHARES = (1 / 2, 1 / 8, 1 / 32)
 # fake kernels stricter than the real ones: run on stand-ins of this dtype for the shape
 _DTYPE_STAND_INS = {"_grouped_mm": torch.bfloat16}
 
@@ -133,8 +127,6 @@ class DataDependent(TorchDispatchMode):
         self.noting = True                  # off while the model is built: its initial values do not matter
         self.branches = 0                   # branches decided by a random draw in this step so far
         self.flips: frozenset[int] = frozenset()    # those answered the other way in this step
-        self.bounded = False                # an output was bounded from above
-        self.bound_share = 1.0              # the share of its bound such an output takes in this step
 
     # ------------------------------------------------------------------ values
     def value(self, t) -> torch.Tensor | None:
@@ -170,17 +162,11 @@ class DataDependent(TorchDispatchMode):
         """What the estimate assumed about values it does not know, one line per op."""
         return list(self._notes.values())
 
-    def begin_step(self, flips=(), bound_share: float = 1.0) -> None:
+    def begin_step(self, flips=()) -> None:
         """A new training step: its branches decided by random draws are counted from 0, and
-        those numbered in `flips` take the other branch (a layer LayerDrop skips); outputs
-        bounded from above take `bound_share` of their bound."""
+        those numbered in `flips` take the other branch (a layer LayerDrop skips)."""
         self.branches = 0
         self.flips = frozenset(flips)
-        self.bound_share = bound_share
-
-    def _share(self, bound: int) -> int:
-        """This step's size of an output bounded by `bound` elements."""
-        return min(bound, max(1, math.ceil(bound * self.bound_share))) if bound else 0
 
     def _note(self, key: str, text: str) -> None:
         if self.noting:
@@ -425,42 +411,37 @@ class DataDependent(TorchDispatchMode):
                     n = int(mask.expand(shape).sum())
                 return torch.empty((n,), dtype=x.dtype, device=x.device)
         self._note_bound(name)
-        if name in ("nonzero", "argwhere"):             # every position (this step's share), in order
-            n = self._share(x.numel())
+        if name in ("nonzero", "argwhere"):             # every position, in order
             with _real():
-                every = torch.ones(tuple(x.shape), dtype=torch.bool).nonzero()[:n] if x.numel() <= MAX_INT_NUMEL \
-                    else None
-            out = torch.empty((n, x.dim()), dtype=torch.int64, device=x.device)
+                every = torch.ones(tuple(x.shape), dtype=torch.bool).nonzero() if x.numel() <= MAX_INT_NUMEL else None
+            out = torch.empty((x.numel(), x.dim()), dtype=torch.int64, device=x.device)
             if every is not None:
                 self.remember(out, every)
             return out
-        if name in ("nms", "qnms"):                     # every box kept (this step's share)
-            n = self._share(x.shape[0])
-            out = torch.empty((n,), dtype=torch.int64, device=x.device)
+        if name in ("nms", "qnms"):                     # every box kept
+            out = torch.empty((x.shape[0],), dtype=torch.int64, device=x.device)
             with _real():
-                self.remember(out, torch.arange(n))
+                self.remember(out, torch.arange(x.shape[0]))
             return out
         if name == "masked_select":
             shape = torch.broadcast_shapes(x.shape, args[1].shape)
-            n = self._share(shape.numel())
-            out = torch.empty((n,), dtype=x.dtype, device=x.device)
+            out = torch.empty((shape.numel(),), dtype=x.dtype, device=x.device)
             known = self.value(x)
             if known is not None:
                 with _real():
-                    self.remember(out, known.expand(shape).reshape(-1)[:n])
+                    self.remember(out, known.expand(shape).reshape(-1))
             return out
         if name in ("_unique2", "unique_consecutive"):
             flags = list(args[1:]) + [kwargs.get(k) for k in ("return_inverse", "return_counts")]
             inverse = bool(flags[1] if name == "_unique2" else flags[0]) if len(flags) > 1 else False
             counts = bool(flags[2] if name == "_unique2" else flags[1]) if len(flags) > 2 else False
-            n = self._share(x.numel())
+            n = x.numel()
             return (torch.empty((n,), dtype=x.dtype, device=x.device),
                     torch.empty(tuple(x.shape) if inverse else (0,), dtype=torch.int64, device=x.device),
                     torch.empty((n,) if counts else (0,), dtype=torch.int64, device=x.device))
         raise DynamicOutputShapeException(func)
 
     def _note_bound(self, name: str) -> None:
-        self.bounded = True
         self._note(f"bound:{name}", f"aten.{name} on values the estimate does not have: its output is bounded "
                    "from above (every element selected), so the estimate errs high there")
 
@@ -475,12 +456,12 @@ class DataDependent(TorchDispatchMode):
                     with _real():
                         rows = known.nonzero().unbind(1)
                     swapped += [self._fake_like(r, idx) for r in rows]
-                else:                   # every position selected (this step's share)
+                else:                   # every position selected
                     self._note_bound("index")
-                    n = self._share(idx.numel())
+                    n = idx.numel()
                     with _real():
-                        rows = torch.ones(tuple(idx.shape), dtype=torch.bool).nonzero()[:n].unbind(1) \
-                            if idx.numel() <= MAX_INT_NUMEL else None
+                        rows = torch.ones(tuple(idx.shape), dtype=torch.bool).nonzero().unbind(1) \
+                            if n <= MAX_INT_NUMEL else None
                     if rows is not None:
                         swapped += [self._fake_like(r, idx) for r in rows]
                     else:

@@ -49,9 +49,7 @@ them, else an assumption or an upper bound, noted (memdoctor.predict.data_depend
 branch a random draw decides (LayerDrop) runs every layer, and the steps run again with the
 draws varied, a layer skipped in the first step and another in each later one: a GPU's steps
 differ so, and the cache one leaves can reserve more (wav2vec2 on an H200: 15%), so the
-estimate reports the higher peaks of the two runs; the same where outputs were bounded from
-above (`nonzero`, `nms`): the steps run again with those outputs at shares of their bound
-(data_dependent.BOUND_SHARES), as a GPU's steps select otherwise each step;
+estimate reports the higher peaks of the two runs;
 cuDNN's fused RNNs allocate as cuDNN does, reserve space and workspaces measured on this
 machine's GPU or bounded (memdoctor.predict.fused_rnn); libraries that switch paths on seeing
 a fake tensor (transformers' is_tracing) run the path a GPU runs
@@ -73,7 +71,7 @@ from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorMode
 from memdoctor.cuda.kernel_scratch import Gpu
 from memdoctor.predict import cpu_standin
 from memdoctor.predict.math_attention import cuda_math_attention
-from memdoctor.predict.data_dependent import BOUND_SHARES, DataDependent, draw_variants
+from memdoctor.predict.data_dependent import DataDependent, draw_variants
 from memdoctor.predict.eager_libraries import eager
 from memdoctor.predict.fused_rnn import cudnn_rnns
 from memdoctor.predict.anchors import compute_anchors
@@ -187,16 +185,15 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     run, rep = plain.run, plain.rep
     notes += _settle_notes(run, rep, steps)
     varied = None
-    if fake.draws or fake.bounded:      # LayerDrop, nms and the like: steps that differ as a GPU's do
+    if fake.draws:              # LayerDrop and the like: the steps with the random draws varied
         probe = ConvProbe() if conv_probe is not None else None
-        what = _varied_what(fake)
         try:
-            varied = _replayed(_run_fake_steps(build, run_plan, target, steps, probe, vary=fake.draws,
-                                               shares=fake.bounded), target, probe, conf, world_size, plan, settle, [])
-            notes.append(_varied_note(what, rep, varied.rep))
+            varied = _replayed(_run_fake_steps(build, run_plan, target, steps, probe, vary=fake.draws), target,
+                               probe, conf, world_size, plan, settle, [])
+            notes.append(_varied_note(rep, varied.rep))
         except EstimateError as exc:
-            notes.append(f"{what}: the steps could not run so ({exc}); the reserved peak of a GPU's steps, "
-                         "which differ from one another, can be above the estimate's")
+            notes.append(f"random draws varied: the steps could not run so ({exc}); the reserved peak of a GPU's "
+                         "steps, which draw anew each step, can be above the estimate's")
     context = CUDA_CONTEXT_BYTES if cuda_context_bytes is None else int(cuda_context_bytes)
     est = _estimate_of(run, rep, plain.counted, fake, target, steps, notes=notes, workspace_bytes=plain.workspaces,
                        cuda_context_bytes=context if target.device == "cuda" else 0, plan=str(plan),
@@ -258,7 +255,6 @@ class _FakeRun:
     uncertain: list[str]        # what was assumed or bounded about values fake tensors lack
     steps: int                  # the steps run
     draws: int                  # branches decided by random draws in the last step
-    bounded: bool               # outputs whose size depends on unknown values were bounded from above
 
 
 def _plan_notes(plan: Plan, target: _Target) -> list[str]:
@@ -274,7 +270,7 @@ def _plan_notes(plan: Plan, target: _Target) -> list[str]:
 
 
 def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
-                    conv_probe: ConvProbe | None, vary: int = 0, shares: bool = False) -> _FakeRun:
+                    conv_probe: ConvProbe | None, vary: int = 0) -> _FakeRun:
     """Build the configuration on fake tensors, apply the plan and run `steps` training steps
     under the tracer and the kernel watch; EstimateError saying which stage failed.
 
@@ -282,9 +278,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     then take those branches otherwise, as a GPU's draws do (LayerDrop skipping a layer): the
     first step the first branch (a layer whose optimizer state is made a step later, where
     that step's frees left room), then after the plain steps one step per variant of
-    draw_variants, and a plain step last, the one the replay repeats until it settles.
-    `shares`: outputs bounded from above take each share of BOUND_SHARES in a step of its
-    own after the plain steps (a plain step still last)."""
+    draw_variants, and a plain step last, the one the replay repeats until it settles."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memdoctor.capture.session import Tracer
@@ -329,16 +323,12 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
                     tables.watch(optimizer)
                     stage = "running the training step"
                     libraries.refresh()
-                    schedule = [(frozenset(), 1.0)] * steps
+                    schedule = [frozenset()] * steps
                     if vary:
-                        schedule[0] = (frozenset({0}), 1.0)
-                        schedule += [(flips, 1.0) for flips in draw_variants(vary)]
-                    if shares:
-                        schedule += [(frozenset(), share) for share in BOUND_SHARES]
-                    if vary or shares:
-                        schedule.append((frozenset(), 1.0))
-                    for flips, share in schedule:
-                        values.begin_step(flips, share)
+                        schedule[0] = frozenset({0})
+                        schedule += draw_variants(vary) + [frozenset()]
+                    for flips in schedule:
+                        values.begin_step(flips)
                         train_step(model, optimizer, batch, loss_fn, prepared, fake=True)
                     steps = len(schedule)
                     del built, batch, prepared
@@ -356,7 +346,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     inputs_are_the_batch(run, batch_ids)
     return _FakeRun(run, watch, n_params, param_bytes, grad_bytes, forced_foreach,
                     in_place=sums_in_place(run, watch.accumulations), uncertain=values.notes() + rnn_notes,
-                    steps=steps, draws=values.branches, bounded=values.bounded)
+                    steps=steps, draws=values.branches)
 
 
 @dataclass
@@ -388,26 +378,16 @@ def _replayed(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, con
     return _Replayed(run, counted, sizes_of, settled, rep, workspaces)
 
 
-def _varied_what(fake: _FakeRun) -> str:
-    """Which of a step's unknowns the varied steps vary, in words."""
-    parts = []
-    if fake.draws:
-        parts.append("random draws varied (a layer LayerDrop skips in the first step, then in each later step "
-                     "another)")
-    if fake.bounded:
-        shares = ", ".join(f"1/{round(1 / s)}" for s in BOUND_SHARES)
-        parts.append(f"outputs bounded from above at {shares} of their bound, a step each")
-    return "; ".join(parts)
-
-
-def _varied_note(what: str, plain: Replay, varied: Replay) -> str:
-    """What the steps varied reserve, next to the plain steps."""
+def _varied_note(plain: Replay, varied: Replay) -> str:
+    """What the steps with random draws varied reserve, next to the plain steps."""
     if varied.peak_reserved > plain.peak_reserved:
-        return (f"{what}: the reserved peak is {format_bytes(varied.peak_reserved)}, "
-                f"{format_bytes(varied.peak_reserved - plain.peak_reserved)} above the steps all alike; "
-                "the estimate reports the higher")
-    return (f"{what}: the reserved peak is {format_bytes(varied.peak_reserved)}, no higher than the steps "
-            "all alike")
+        return (f"random draws varied (a layer LayerDrop skips in the first step, then in each later step "
+                f"another): the reserved peak is {format_bytes(varied.peak_reserved)}, "
+                f"{format_bytes(varied.peak_reserved - plain.peak_reserved)} above the steps with every branch "
+                "alike; the estimate reports the higher")
+    return (f"random draws varied (a layer LayerDrop skips in the first step, then in each later step another): "
+            f"the reserved peak is {format_bytes(varied.peak_reserved)}, no higher than the steps with every "
+            "branch alike")
 
 
 def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, notes: list[str]) -> int:
