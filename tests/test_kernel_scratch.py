@@ -262,3 +262,17 @@ def test_roll_over_two_dims_makes_an_intermediate_as_the_kernels_do():
     assert _plain_cpu_allocations(lambda: torch.roll(y, (3, 3), (1, 2))) == [nbytes] * 2
     scratch = scratch_for(aten.roll.default, (meta(8, 96, 56, 56).transpose(1, 3), [3, 3], [1, 2]), {}, H200)
     assert [(s.nbytes, s.before_outputs, s.outlives) for s in scratch] == [(nbytes, True, 1), (nbytes, True, None)]
+
+
+def test_topk_of_a_column_slice_copies_it_as_on_the_h200():
+    # Faster R-CNN bf16 batch 8 on the H200: the RPN's topk (k = 2000) of the objectness
+    # scores of each feature level, a column slice of [8, 21285], allocated 150000 and 40560
+    # bytes after its values and indices, and freed them when it returned
+    scores = meta(8, 21285, dtype=torch.bfloat16)
+    got = [scratch_for(aten.topk.default, (scores[:, start:start + n], 2000, 1), {}, H200)
+           for start, n in ((0, 9375), (9375, 9375), (18750, 2535))]
+    assert [[(s.nbytes, s.before_outputs) for s in g] for g in got] == [[(150000, False)], [(150000, False)],
+                                                                         [(40560, False)]]
+    assert scratch_for(aten.topk.default, (meta(8, 9375), 2000, 1), {}, H200) == []        # contiguous
+    # a few slices of 100,000 elements or more are sorted whole: not this path
+    assert scratch_for(aten.topk.default, (meta(200000, 4).t(), 10, 1), {}, H200) == []
