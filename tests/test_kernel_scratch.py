@@ -276,3 +276,17 @@ def test_topk_of_a_column_slice_copies_it_as_on_the_h200():
     assert scratch_for(aten.topk.default, (meta(8, 9375), 2000, 1), {}, H200) == []        # contiguous
     # a few slices of 100,000 elements or more are sorted whole: not this path
     assert scratch_for(aten.topk.default, (meta(200000, 4).t(), 10, 1), {}, H200) == []
+
+
+def test_indexing_with_index_tensors_of_different_strides_copies_them_as_on_the_h200():
+    # Faster R-CNN bf16 batch 8 on the H200: objectness[batch_idx, top_n_idx] with batch_idx
+    # [8, 1] and top_n_idx [8, 6000] made a 384000-byte copy of batch_idx broadcast, then its
+    # output
+    x = meta(8, 21285, dtype=torch.bfloat16)
+    batch_idx = torch.arange(8, device="meta")[:, None]
+    top_n_idx = torch.empty(8, 6000, dtype=torch.int64, device="meta")
+    got = scratch_for(aten.index.Tensor, (x, [batch_idx, top_n_idx]), {}, H200)
+    assert [(s.nbytes, s.before_outputs) for s in got] == [(384000, True)]
+    rows, cols = (torch.empty(500, dtype=torch.int64, device="meta") for _ in range(2))
+    assert scratch_for(aten.index.Tensor, (x, [rows, cols]), {}, H200) == []        # strides alike
+    assert scratch_for(aten.index.Tensor, (x, [None, cols]), {}, H200) == []        # one index tensor

@@ -33,6 +33,9 @@ match, byte for byte, the allocator's traces of training steps recorded on an H2
   contiguous copy of an input that is not contiguous, after the values and indices
   (launch_gather_topk_kernel's `self.contiguous()`): Faster R-CNN's RPN takes the top 2000
   of each feature level, a column slice of its objectness scores;
+- advanced indexing with two or more index tensors whose strides differ once broadcast
+  (`x[rows[:, None], cols]`): a contiguous int64 copy of each that is not contiguous in the
+  broadcast shape, before the output (make_info in TensorAdvancedIndexing.cpp, on CUDA);
 - roll over several dimensions: one intermediate per dimension but the last, as large as
   the input, before the output (roll_common), and a contiguous copy of a non-contiguous
   input;
@@ -236,6 +239,28 @@ def _topk(args, kwargs, gpu: Gpu) -> list[Scratch]:
     return [Scratch(_nbytes(x), "topk: contiguous copy of the input")]
 
 
+def _index(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    """index (x[i, j]): make_info broadcasts the index tensors to one shape and, on CUDA,
+    makes each contiguous when two or more of them differ in strides, before the output;
+    the copies are released when the call returns. Seen on the H200 in Faster R-CNN's
+    filter_proposals: `objectness[batch_idx, top_n_idx]` with batch_idx [8, 1] and top_n_idx
+    [8, 6000] made a 384000-byte copy of batch_idx expanded, then the output. Boolean masks
+    (turned into positions first) are left out."""
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    tensors = [t for t in indices or () if isinstance(t, torch.Tensor)]
+    if len(tensors) < 2 or any(t.dtype in (torch.bool, torch.uint8) for t in tensors):
+        return []
+    try:
+        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    except RuntimeError:
+        return []
+    expanded = [t.expand(shape) for t in tensors]
+    if all(e.stride() == expanded[0].stride() for e in expanded):
+        return []
+    return [Scratch(shape.numel() * e.element_size(), "index: contiguous copy of an index", before_outputs=True)
+            for e in expanded if not e.is_contiguous()]
+
+
 def _nbytes(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
@@ -312,6 +337,9 @@ def _rules() -> dict:
         packet = getattr(aten, name, None)
         if packet is not None:
             rules[packet.default] = rule
+    index = getattr(getattr(aten, "index", None), "Tensor", None)
+    if index is not None:
+        rules[index] = _index
     return rules
 
 
