@@ -16,13 +16,13 @@ from memdoctor.run import Block
 class BlockColumns:
     """Block `i`'s fields are item `i` of each column (its id is `i`)."""
     __slots__ = ("nbytes", "category", "name", "shape", "dtype", "device", "module", "phase", "step",
-                 "alloc_seq", "free_seq", "source", "appends")
+                 "alloc_seq", "free_seq", "source", "_appends")
 
     def __init__(self):
         for column in self.__slots__[:-1]:
             setattr(self, column, [])
-        # each column's append, in slot order: the Recorder's hot path appends a row with them
-        self.appends = tuple(getattr(self, c).append for c in self.__slots__[:-1])
+        # each column's append, in slot order: a row is appended with one call each
+        self._appends = tuple(getattr(self, c).append for c in self.__slots__[:-1])
 
     def __len__(self) -> int:
         return len(self.nbytes)
@@ -31,7 +31,7 @@ class BlockColumns:
                module: str | None, phase: str, step: int, alloc_seq: int) -> int:
         """A new block, not freed and of no known line yet; its id."""
         i = len(self.nbytes)
-        a = self.appends
+        a = self._appends
         a[0](nbytes), a[1](category), a[2](name), a[3](shape), a[4](dtype), a[5](device)
         a[6](module), a[7](phase), a[8](step), a[9](alloc_seq), a[10](None), a[11](-1)
         return i

@@ -146,44 +146,12 @@ class Recorder:
         key = storage._cdata
         entry = self.live.get(key)
         if entry is not None:
-            categories = self.blocks.category
-            if categories[entry.id] != _TEMP:
-                categories[entry.id] = stronger(_TEMP, categories[entry.id])
+            self._strengthen(entry.id, _TEMP)
             return None
         nbytes = storage.nbytes()
         if self.budget is not None:
             self.budget(nbytes, self.live_bytes)
-        # `_alloc` and `_new_block` inline from here: three calls fewer on every new storage
-        size, dtype, device = tensor.shape, tensor.dtype, tensor.device
-        shape = self._shapes.get(size)
-        if shape is None:
-            shape = self._shapes[size] = list(size)
-        dname = self._dtype_names.get(dtype)
-        if dname is None:
-            dname = self._dtype_names[dtype] = str(dtype).replace("torch.", "")
-        devname = self._device_names.get(device)
-        if devname is None:
-            devname = self._device_names[device] = str(device)
-        if devname in self.skip_devices:
-            return None
-        run = self.run
-        seq = len(run.actions)
-        cols = self.blocks
-        block_id = len(cols.nbytes)
-        a = cols.appends
-        a[0](nbytes), a[1](_TEMP), a[2](name), a[3](shape), a[4](dname), a[5](devname)
-        a[6](self.module), a[7](self.phase), a[8](self.step), a[9](seq), a[10](None), a[11](-1)
-        run.actions.append(_ALLOC)
-        run.event_blocks.append(block_id)
-        run.event_bytes.append(nbytes)
-        ref = _StorageRef(storage, self._on_free_callback)
-        ref.key, ref.id = key, block_id
-        self.live[key] = ref
-        self.live_bytes += nbytes
-        if self.live_bytes > self.peak_bytes:
-            self.peak_bytes = self.live_bytes
-            self.peak_seq = seq
-        return block_id
+        return self._alloc(storage, key, nbytes, tensor, name, _TEMP, None)
 
     def _count(self, storage, tensor, name: str, category: str, phase: str | None,
                before: bool) -> tuple[int | None, bool]:
@@ -374,7 +342,8 @@ class Recorder:
     def renumber_steps(self, starts: list[int]) -> None:
         """Number the steps from what the script repeats: each mark index in `starts` begins
         the next step. Marks, blocks and OOMs take the step of the mark in force when they
-        were made (one pass over the marks, a binary search per block)."""
+        were made (one pass over the marks, a binary search per block). Called before the
+        trace stops: the blocks are still columns."""
         self.finish_marks()
         if not starts:
             return
@@ -391,8 +360,6 @@ class Recorder:
         cols = self.blocks
         cols.step[:] = [step_of[i] if i >= 0 else 0
                         for i in (bisect.bisect_right(seqs, seq) - 1 for seq in cols.alloc_seq)]
-        for b in self.run.blocks.values():      # made objects by an earlier `stop`
-            b.step = cols.step[b.id]
         for o in self.run.ooms:
             i = bisect.bisect_right(seqs, o.seq) - 1
             o.step = marks[i].step if i >= 0 else 0
