@@ -308,3 +308,43 @@ def test_grouped_mm_in_fp32_runs_where_its_fake_kernel_refuses_it():
         offs = torch.tensor([24, 48, 72, 96], dtype=torch.int32)
         out = torch._grouped_mm(a, w, offs=offs)
     assert out.shape == (96, 32) and out.dtype == torch.float32
+
+
+class Sampler(nn.Module):
+    """A detector's sampler (torchvision's BalancedPositiveNegativeSampler): positives and
+    negatives found by values the estimate does not have, a quarter of 128 drawn from the
+    first, the rest from the second, their masks joined to pick the rows the head sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.score = nn.Linear(256, 1)
+        self.head = nn.Linear(256, 4096)
+
+    def forward(self, x):
+        matched = (self.score(x).squeeze(1) > 0).long()          # unknown to the estimate
+        positive = torch.where(matched >= 1)[0]
+        negative = torch.where(matched == 0)[0]
+        num_pos = min(positive.numel(), 32)
+        num_neg = min(negative.numel(), 128 - num_pos)
+        pos_mask = torch.zeros_like(matched, dtype=torch.uint8)
+        neg_mask = torch.zeros_like(matched, dtype=torch.uint8)
+        pos_mask[positive[torch.randperm(positive.numel(), device=x.device)[:num_pos]]] = 1
+        neg_mask[negative[torch.randperm(negative.numel(), device=x.device)[:num_neg]]] = 1
+        sampled = torch.where(pos_mask | neg_mask)[0]
+        return self.head(x[sampled])
+
+
+def test_joined_samples_of_bounded_selections_count_as_a_real_run_counts():
+    # bounded, positives and negatives are both every row: drawn from the same 400 rows the
+    # two samples overlap (about 8 rows), where a real run's are apart and give 128 (the
+    # batch is too large for the estimate to keep its values)
+    torch.manual_seed(0)
+    batch = lambda: torch.randn(400, 256)                           # noqa: E731
+    loss = lambda m, x: m(x).square().mean()                         # noqa: E731
+    real_rows = Sampler()(batch()).shape[0]
+    assert real_rows == 128
+    est = _estimate(Sampler, batch, loss)
+    head_out = [b for b in est.run.blocks.values() if b.name == "aten.addmm" and b.shape[-1] == 4096]
+    assert head_out and {b.shape[0] for b in head_out} == {128}, [b.shape for b in head_out]
+    assert any("aten.nonzero" in n and "bounded" in n for n in est.notes)
+    assert not any("chose indices" in n and "bound:" in n for n in est.notes)

@@ -22,7 +22,10 @@ that shape. On unknown values:
   False: the branch of a step with nothing unusual (no inf in the loss scaler's check, no
   sample outside a truncated normal's bounds);
 - an output whose size depends on them (`nonzero`, `masked_select`, boolean indexing,
-  `unique`) is bounded from above: every element selected.
+  `unique`) is bounded from above: every element selected. Those positions stand for a bound,
+  not for the real ones: two selections a real run keeps apart (a sampler's positives and
+  negatives) may overlap in them, so the union of masks made from them (`pos | neg`) counts
+  at most the sum of the two, never fewer elements than the real union.
 
 Ops whose fake kernel refuses what the real one runs (`_grouped_mm` on fp32, fake-only
 checks for bf16) are run on bf16 stand-ins for their shape. `notes()` says which ops made the
@@ -51,6 +54,10 @@ MAX_STAND_IN_NUMEL = 1 << 26     # zeros standing in for unknown inputs, for an 
 _SIZE_FROM_VALUES = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
                      "unique_dim_consecutive", "_unique", "argwhere", "nms", "qnms"}
 # ops that pick indices from values: assumed spread evenly when their input is unknown
+# (an output bounded from above carries "bound:aten.<op>" among its assumptions instead)
+_BOUND = "bound:"
+# unions of masks: bounded by the sum of their parts where a part comes from a bound
+_UNIONS = {"bitwise_or", "logical_or", "__or__", "__ior__", "bitwise_or_", "logical_or_"}
 _CHOOSERS = {"topk", "argmax", "argmin", "sort", "argsort", "max", "min", "kthvalue", "mode", "multinomial"}
 # checks that only assert on values (torch._assert_async, torch._check on tensors)
 _ASSERTS = {"_assert_async", "_functional_assert_async", "_assert_scalar", "_functional_assert_scalar",
@@ -198,7 +205,7 @@ class DataDependent(TorchDispatchMode):
             return self._with_stand_ins(func, args, kwargs, _DTYPE_STAND_INS[name])
         if known:
             flat, spec, tensors, reals = self._inputs(args, kwargs, name in _VALUE_FREE)
-            self._shadow(func, args, kwargs, flat, spec, tensors, reals, out)
+            self._shadow(func, name, args, kwargs, flat, spec, tensors, reals, out)
         else:
             if mutable:
                 self._mark_written(func, args, kwargs)
@@ -258,7 +265,7 @@ class DataDependent(TorchDispatchMode):
         with _real():
             return func(*real_args, **real_kwargs)
 
-    def _shadow(self, func, args, kwargs, flat, spec, tensors, reals, out) -> None:
+    def _shadow(self, func, name, args, kwargs, flat, spec, tensors, reals, out) -> None:
         """Run an op on the real values of its known inputs: its small outputs are known
         too, and what it writes in place stays known."""
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
@@ -272,6 +279,8 @@ class DataDependent(TorchDispatchMode):
             return
         assumed = self._assumptions(tensors)
         real_outs = [o for o in tree_flatten(real)[0] if isinstance(o, torch.Tensor)]
+        if name in _UNIONS and len(real_outs) == 1 and any(a.startswith(_BOUND) for a in assumed):
+            real_outs = [_union_bound(real_outs[0], reals)]
         if len(real_outs) == len(outs):
             for fake, value in zip(outs, real_outs):
                 self.remember(fake, value, assumed)
@@ -332,9 +341,10 @@ class DataDependent(TorchDispatchMode):
     def _data_dependent(self, func, name, args, kwargs, flat, spec, tensors, reals, known):
         assumed = self._assumptions(tensors)
         if known:
-            if assumed:
-                self._note(f"assumed:{sorted(assumed)}",
-                           f"{', '.join(sorted(assumed))} chose indices from values the estimate does not have (a "
+            chosen = sorted(a for a in assumed if not a.startswith(_BOUND))
+            if chosen:
+                self._note(f"assumed:{chosen}",
+                           f"{', '.join(chosen)} chose indices from values the estimate does not have (a "
                            "router's experts, the top-scoring boxes, a sampled token): taken as spread evenly over "
                            f"the candidates, so what depends on the choice (aten.{name}) is the average case; a real "
                            "run's split differs by a few percent")
@@ -416,12 +426,12 @@ class DataDependent(TorchDispatchMode):
                 every = torch.ones(tuple(x.shape), dtype=torch.bool).nonzero() if x.numel() <= MAX_INT_NUMEL else None
             out = torch.empty((x.numel(), x.dim()), dtype=torch.int64, device=x.device)
             if every is not None:
-                self.remember(out, every)
+                self.remember(out, every, frozenset({_BOUND + "aten." + name}))
             return out
         if name in ("nms", "qnms"):                     # every box kept
             out = torch.empty((x.shape[0],), dtype=torch.int64, device=x.device)
             with _real():
-                self.remember(out, torch.arange(x.shape[0]))
+                self.remember(out, torch.arange(x.shape[0]), frozenset({_BOUND + "aten." + name}))
             return out
         if name == "masked_select":
             shape = torch.broadcast_shapes(x.shape, args[1].shape)
@@ -463,7 +473,7 @@ class DataDependent(TorchDispatchMode):
                         rows = torch.ones(tuple(idx.shape), dtype=torch.bool).nonzero().unbind(1) \
                             if n <= MAX_INT_NUMEL else None
                     if rows is not None:
-                        swapped += [self._fake_like(r, idx) for r in rows]
+                        swapped += [self._fake_like(r, idx, frozenset({_BOUND + "aten.index"})) for r in rows]
                     else:
                         swapped += [torch.zeros((n,), dtype=torch.int64, device=idx.device) for _ in range(idx.dim())]
             else:
@@ -481,3 +491,21 @@ class DataDependent(TorchDispatchMode):
         out = func(*tree_map(cast, args), **tree_map(cast, kwargs))
         return tree_map(lambda o: torch.empty_strided(tuple(o.shape), tuple(o.stride()), dtype=original,
                                                       device=o.device) if isinstance(o, torch.Tensor) else o, out)
+
+
+def _union_bound(union: torch.Tensor, parts) -> torch.Tensor:
+    """The union of masks, at least as many elements as its parts hold together (up to all
+    of them): parts made from a bound may overlap where the real ones are apart. Elements
+    not yet in the union are added in order."""
+    if union.dtype not in (torch.bool, torch.uint8):
+        return union
+    with _real():
+        held = sum(int(torch.count_nonzero(p.expand(union.shape))) for p in parts
+                   if isinstance(p, torch.Tensor) and p.dtype in (torch.bool, torch.uint8))
+        missing = min(held, union.numel()) - int(torch.count_nonzero(union))
+        if missing <= 0:
+            return union
+        widened = union.clone().reshape(-1)
+        free = (widened == 0).nonzero().reshape(-1)[:missing]
+        widened[free] = 1
+        return widened.reshape(union.shape)
