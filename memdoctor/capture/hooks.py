@@ -197,20 +197,18 @@ class OwnershipHooks:
 
     @guarded
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Claim what the optimizer steps. Under the allocator source, claims join by
-        address: weights and state keep theirs, so they are claimed when first seen or when
-        the state grows, and only the gradients (made anew each backward) every step."""
+        """Claim what the optimizer steps: weights and state when it is first seen, the
+        gradients (made anew each backward) at every step; the state a step makes or
+        replaces is claimed after it (`_step_post`)."""
         first = id(optimizer) not in self.optimizers
         if first:
             self.optimizers[id(optimizer)] = weakref.ref(optimizer)
             self.optimizer_info.append(describe_optimizer(optimizer))
             if self.rec.claims is not None:
                 self.handles.append(self.zero_grads.watch(optimizer))
-        if self.rec.claims is not None and not first:
-            self._claim_grads(optimizer, weights=False)
-            return
-        self._claim_grads(optimizer)
-        self._claim_state(optimizer)
+        self._claim_grads(optimizer, weights=first)
+        if first:
+            self._claim_state(optimizer)
 
     @guarded
     def find_unstepped_optimizers(self) -> None:
@@ -485,7 +483,9 @@ class OwnershipHooks:
         for a change in place, so `_unpack` does, as autograd would have."""
         if not self.broken:
             try:
-                self._claim_saved(tensor)
+                storage = _storage_of(tensor)
+                if storage is None or not self.rec.claim_counted(tensor, storage, _ACTIVATIONS):
+                    self.rec.claim(tensor, _ACTIVATIONS, storage=storage)
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:
@@ -494,9 +494,6 @@ class OwnershipHooks:
             with _NO_PYTHON_DISPATCH():    # an alias, no op of the traced run: not through a dispatch mode
                 return tensor.detach(), tensor._version
         return tensor.detach(), tensor._version      # a subclass (a fake tensor) needs its own dispatch
-
-    def _claim_saved(self, tensor) -> None:
-        self._claim_as(tensor, _storage_of(tensor), _ACTIVATIONS)
 
     def _claim_as(self, t: torch.Tensor, storage, category: str) -> None:
         """`claim(t, category)`; a storage counted already (nearly always: an op's output, a
