@@ -10,9 +10,10 @@ drift hits every mode alike:
 
 Each run also reports the CPU's side: ms until the iteration's work is queued, before the
 `.item()` waits for the GPU; while that stays under the GPU's time, hooks cost nothing.
-`--modes full-allstacks full-savedhooks full-nometa full-roothooks` time full mode with one
-part changed: Python stacks at every step, saved-tensor hooks on, no metadata tags, hooks on
-the outermost call only.
+`--modes full-allstacks full-savedhooks full-nometa full-roothooks full-stamp2 full-stamp0` time
+full mode with one part changed (undone after its window): Python stacks at every step,
+saved-tensor hooks on, no metadata tags, hooks on the outermost call only, module tags only
+two calls deep or none.
 
 `--in-process` measures every mode in one process per workload instead, the same model and
 batch, mode after mode in windows of `--iters` iterations (the order rotated each round),
@@ -26,6 +27,7 @@ Writes trace_overhead_real_<hardware>_<date>.json under DIR (default benchmarks/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -39,29 +41,37 @@ import resultfile  # noqa: E402
 MODES = ("plain", "history", "full", "light", "dispatch")
 WORKLOADS = ("nanogpt", "cnn")
 # full mode with one part changed, to see what each part costs (not modes a user has)
-ABLATIONS = ("full-allstacks", "full-savedhooks", "full-nometa", "full-roothooks")
+ABLATIONS = ("full-allstacks", "full-savedhooks", "full-nometa", "full-roothooks", "full-stamp2", "full-stamp0")
 
 
-def _ablate(mode: str) -> None:
-    """Change one part of full mode, in this worker process only."""
+@contextlib.contextmanager
+def _ablate(mode: str):
+    """Change one part of full mode while the block runs (not modes a user has)."""
     from memdoctor.capture import allocator, hooks
+    saved = [(allocator, "STACKED_STEPS"), (hooks, "STAMP_DEPTH"), (hooks.OwnershipHooks, "__init__"),
+             (allocator.AllocatorSource, "start")]
+    before = [(owner, name, getattr(owner, name)) for owner, name in saved]
+    init, start = hooks.OwnershipHooks.__init__, allocator.AllocatorSource.start
     if mode == "full-allstacks":        # Python stacks at every step, never paused
         allocator.STACKED_STEPS = 1 << 30
     elif mode == "full-savedhooks":     # saved-tensor hooks as the dispatch source has them
-        init = hooks.OwnershipHooks.__init__
         hooks.OwnershipHooks.__init__ = lambda self, rec, light=False, saved_tensors=True: init(
             self, rec, light, saved_tensors=True)
     elif mode == "full-nometa":         # no per-mark metadata tags
-        start = allocator.AllocatorSource.start
-
         def start_untagged(self):
             self._metadata = False
             start(self)
         allocator.AllocatorSource.start = start_untagged
     elif mode == "full-roothooks":      # hooks on the model's outermost call only, as light mode
-        init = hooks.OwnershipHooks.__init__
         hooks.OwnershipHooks.__init__ = lambda self, rec, light=False, saved_tensors=True: init(
             self, rec, True, saved_tensors)
+    elif mode in ("full-stamp2", "full-stamp0"):     # module tags this deep only
+        hooks.STAMP_DEPTH = int(mode[-1])
+    try:
+        yield
+    finally:
+        for owner, name, value in before:
+            setattr(owner, name, value)
 
 
 def _gpt(torch, nn, F):
@@ -200,17 +210,16 @@ def window(model, opt, loss_of, mode: str, iters: int) -> dict:
         torch.cuda.memory._record_memory_history(enabled=None)
     else:
         import memdoctor
-        if mode in ABLATIONS:
-            _ablate(mode)
         kwargs = {"dispatch": {"source": "dispatch"}, "light": {"mode": "light"}}.get(mode, {})
-        try:
-            doc = memdoctor.watch(model, opt, **kwargs)
-        except TypeError as exc:
-            return {"error": f"{mode}: {exc}"}
-        with doc:
-            times, launched = loop()
-            t_exit = time.perf_counter()
-        post = time.perf_counter() - t_exit
+        with _ablate(mode) if mode in ABLATIONS else contextlib.nullcontext():
+            try:
+                doc = memdoctor.watch(model, opt, **kwargs)
+            except TypeError as exc:
+                return {"error": f"{mode}: {exc}"}
+            with doc:
+                times, launched = loop()
+                t_exit = time.perf_counter()
+            post = time.perf_counter() - t_exit
     return {"ms": 1000 * statistics.median(times[5:]), "cpu_ms": 1000 * statistics.median(launched[5:]),
             "post_s": post, "peak_allocated": torch.cuda.max_memory_allocated()}
 
@@ -278,8 +287,6 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(*args.worker, args.iters)))
         return 0
-    if args.in_process and set(args.modes) & set(ABLATIONS):
-        raise SystemExit("--in-process measures the modes a user has: the ablations change the process for good")
     if args.in_process_worker:
         print(json.dumps(in_process(args.in_process_worker, args.modes, args.rounds, args.iters)))
         return 0
