@@ -1,6 +1,7 @@
 """Data-dependent ops and ops without fake kernels in the estimate (memdoctor.predict.data_dependent,
 fused_rnn): values the batch carries are used as a GPU would use them, unknown ones are
 assumed or bounded from above and noted, and nothing crashes."""
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -315,8 +316,9 @@ class Sampler(nn.Module):
     negatives found by values the estimate does not have, a quarter of 128 drawn from the
     first, the rest from the second, their masks joined to pick the rows the head sees."""
 
-    def __init__(self):
+    def __init__(self, in_place: bool = False):
         super().__init__()
+        self.in_place = in_place
         self.score = nn.Linear(256, 1)
         self.head = nn.Linear(256, 4096)
 
@@ -330,20 +332,25 @@ class Sampler(nn.Module):
         neg_mask = torch.zeros_like(matched, dtype=torch.uint8)
         pos_mask[positive[torch.randperm(positive.numel(), device=x.device)[:num_pos]]] = 1
         neg_mask[negative[torch.randperm(negative.numel(), device=x.device)[:num_neg]]] = 1
-        sampled = torch.where(pos_mask | neg_mask)[0]
+        if self.in_place:
+            pos_mask |= neg_mask
+            sampled = torch.where(pos_mask)[0]
+        else:
+            sampled = torch.where(pos_mask | neg_mask)[0]
         return self.head(x[sampled])
 
 
-def test_joined_samples_of_bounded_selections_count_as_a_real_run_counts():
+@pytest.mark.parametrize("in_place", [False, True])
+def test_joined_samples_of_bounded_selections_count_as_a_real_run_counts(in_place):
     # bounded, positives and negatives are both every row: drawn from the same 400 rows the
     # two samples overlap (about 8 rows), where a real run's are apart and give 128 (the
     # batch is too large for the estimate to keep its values)
     torch.manual_seed(0)
     batch = lambda: torch.randn(400, 256)                           # noqa: E731
     loss = lambda m, x: m(x).square().mean()                         # noqa: E731
-    real_rows = Sampler()(batch()).shape[0]
+    real_rows = Sampler(in_place)(batch()).shape[0]
     assert real_rows == 128
-    est = _estimate(Sampler, batch, loss)
+    est = _estimate(lambda: Sampler(in_place), batch, loss)
     head_out = [b for b in est.run.blocks.values() if b.name == "aten.addmm" and b.shape[-1] == 4096]
     assert head_out and {b.shape[0] for b in head_out} == {128}, [b.shape for b in head_out]
     assert any("aten.nonzero" in n and "bounded" in n for n in est.notes)

@@ -272,6 +272,7 @@ class DataDependent(TorchDispatchMode):
         if not all(isinstance(o, FakeTensor) and _small(o) for o in outs):
             self._mark_written(func, args, kwargs)
             return
+        held = _mask_elements(reals) if name in _UNIONS else None     # before `a |= b` writes `a`
         try:
             real = self._real_call(func, flat, spec, tensors, reals)
         except Exception:
@@ -279,8 +280,8 @@ class DataDependent(TorchDispatchMode):
             return
         assumed = self._assumptions(tensors)
         real_outs = [o for o in tree_flatten(real)[0] if isinstance(o, torch.Tensor)]
-        if name in _UNIONS and len(real_outs) == 1 and any(a.startswith(_BOUND) for a in assumed):
-            real_outs = [_union_bound(real_outs[0], reals)]
+        if held is not None and len(real_outs) == 1 and any(a.startswith(_BOUND) for a in assumed):
+            real_outs = [_union_bound(real_outs[0], held)]
         if len(real_outs) == len(outs):
             for fake, value in zip(outs, real_outs):
                 self.remember(fake, value, assumed)
@@ -493,15 +494,24 @@ class DataDependent(TorchDispatchMode):
                                                       device=o.device) if isinstance(o, torch.Tensor) else o, out)
 
 
-def _union_bound(union: torch.Tensor, parts) -> torch.Tensor:
+def _mask_elements(parts) -> int:
+    """The elements a union's mask parts hold together, each broadcast to the union's shape,
+    counted with overlaps."""
+    masks = [p for p in parts if isinstance(p, torch.Tensor) and p.dtype in (torch.bool, torch.uint8)]
+    if not masks:
+        return 0
+    with _real():
+        shape = torch.broadcast_shapes(*(m.shape for m in masks))
+        return sum(int(torch.count_nonzero(m.expand(shape))) for m in masks)
+
+
+def _union_bound(union: torch.Tensor, held: int) -> torch.Tensor:
     """The union of masks, at least as many elements as its parts hold together (up to all
     of them): parts made from a bound may overlap where the real ones are apart. Elements
     not yet in the union are added in order."""
     if union.dtype not in (torch.bool, torch.uint8):
         return union
     with _real():
-        held = sum(int(torch.count_nonzero(p.expand(union.shape))) for p in parts
-                   if isinstance(p, torch.Tensor) and p.dtype in (torch.bool, torch.uint8))
         missing = min(held, union.numel()) - int(torch.count_nonzero(union))
         if missing <= 0:
             return union
