@@ -25,7 +25,8 @@ that shape. On unknown values:
   `unique`) is bounded from above: every element selected. Those positions stand for a bound,
   not for the real ones: two selections a real run keeps apart (a sampler's positives and
   negatives) may overlap in them, so the union of masks made from them (`pos | neg`) counts
-  at most the sum of the two, never fewer elements than the real union.
+  as many elements as the two hold together (up to all of them): never fewer than the real
+  union.
 
 Ops whose fake kernel refuses what the real one runs (`_grouped_mm` on fp32, fake-only
 checks for bf16) are run on bf16 stand-ins for their shape. `notes()` says which ops made the
@@ -54,11 +55,11 @@ MAX_STAND_IN_NUMEL = 1 << 26     # zeros standing in for unknown inputs, for an 
 _SIZE_FROM_VALUES = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
                      "unique_dim_consecutive", "_unique", "argwhere", "nms", "qnms"}
 # ops that pick indices from values: assumed spread evenly when their input is unknown
-# (an output bounded from above carries "bound:aten.<op>" among its assumptions instead)
-_BOUND = "bound:"
-# unions of masks: bounded by the sum of their parts where a part comes from a bound
-_UNIONS = {"bitwise_or", "logical_or", "__or__", "__ior__", "bitwise_or_", "logical_or_"}
 _CHOOSERS = {"topk", "argmax", "argmin", "sort", "argsort", "max", "min", "kthvalue", "mode", "multinomial"}
+# an output bounded from above carries "bound:aten.<op>" among its assumptions
+_BOUND = "bound:"
+# unions of masks: as many elements as their parts hold together where a part comes from a bound
+_UNIONS = {"bitwise_or", "logical_or", "__or__", "__ior__", "bitwise_or_", "logical_or_"}
 # checks that only assert on values (torch._assert_async, torch._check on tensors)
 _ASSERTS = {"_assert_async", "_functional_assert_async", "_assert_scalar", "_functional_assert_scalar",
             "_assert_tensor_metadata"}
