@@ -26,7 +26,8 @@ that shape. On unknown values:
   not for the real ones: two selections a real run keeps apart (a sampler's positives and
   negatives) may overlap in them, so the union of masks made from them (`pos | neg`) counts
   as many elements as the two hold together (up to all of them): never fewer than the real
-  union.
+  union. The masks `x == 0`, `x == 1`, ... of one unknown tensor (a box's pyramid level) split
+  its elements between them: the first selected takes them all, the others what is left.
 
 Ops whose fake kernel refuses what the real one runs (`_grouped_mm` on fp32, fake-only
 checks for bf16) are run on bf16 stand-ins for their shape. `notes()` says which ops made the
@@ -130,6 +131,8 @@ class DataDependent(TorchDispatchMode):
         self.assumed: WeakIdKeyDictionary = WeakIdKeyDictionary()     # fake tensor -> ops it was assumed from
         self.stale: set[int] = set()       # storages written with unknown values since their shadow was made
         self.drawn: WeakIdKeyDictionary = WeakIdKeyDictionary()       # small fake tensors made of random draws
+        self.parts: WeakIdKeyDictionary = WeakIdKeyDictionary()       # mask `x == k` on unknown x -> (x, k)
+        self.shares: WeakIdKeyDictionary = WeakIdKeyDictionary()      # that x -> {k: elements its mask selects}
         self._notes: dict[str, str] = {}
         self._info: dict = {}               # op -> (name, whether it writes an argument)
         self.noting = True                  # off while the model is built: its initial values do not matter
@@ -212,6 +215,8 @@ class DataDependent(TorchDispatchMode):
                 self._mark_written(func, args, kwargs)
             if name in _CHOOSERS:
                 self._assume_spread(func, name, args, out)
+            elif name == "eq":
+                self._note_part(args, out)
             if self.noting and (name in _RANDOM_DRAWS or (len(self.drawn) and self._any_drawn(args))):
                 for o in tree_flatten(out)[0]:
                     if isinstance(o, FakeTensor) and _small(o):
@@ -423,10 +428,11 @@ class DataDependent(TorchDispatchMode):
                     n = int(mask.expand(shape).sum())
                 return torch.empty((n,), dtype=x.dtype, device=x.device)
         self._note_bound(name)
-        if name in ("nonzero", "argwhere"):             # every position, in order
+        if name in ("nonzero", "argwhere"):             # every position (of its share), in order
+            n = self._share(x)
             with _real():
-                every = torch.ones(tuple(x.shape), dtype=torch.bool).nonzero() if x.numel() <= MAX_INT_NUMEL else None
-            out = torch.empty((x.numel(), x.dim()), dtype=torch.int64, device=x.device)
+                every = torch.ones(tuple(x.shape), dtype=torch.bool).nonzero()[:n] if x.numel() <= MAX_INT_NUMEL else None
+            out = torch.empty((n, x.dim()), dtype=torch.int64, device=x.device)
             if every is not None:
                 self.remember(out, every, frozenset({_BOUND + "aten." + name}))
             return out
@@ -453,6 +459,33 @@ class DataDependent(TorchDispatchMode):
                     torch.empty((n,) if counts else (0,), dtype=torch.int64, device=x.device))
         raise DynamicOutputShapeException(func)
 
+    def _note_part(self, args, mask) -> None:
+        """`x == k` on unknown integer values: one part of a partition of x's elements."""
+        x, k = args[0], args[1] if len(args) > 1 else None
+        if isinstance(k, torch.Tensor):
+            known = self.value(k)
+            k = known.item() if known is not None and known.numel() == 1 else None
+        if isinstance(x, FakeTensor) and isinstance(mask, FakeTensor) and type(k) in (int, bool) \
+                and not (x.is_floating_point() or x.is_complex()) and tuple(mask.shape) == tuple(x.shape):
+            self.parts[mask] = (x, k)
+
+    def _share(self, mask) -> int:
+        """The elements an unknown mask selects at most: all of them, or for one part of a
+        partition (`x == k`), what the parts selected before it left."""
+        part = self.parts.get(mask) if isinstance(mask, FakeTensor) else None
+        if part is None:
+            return mask.numel()
+        x, k = part
+        given = self.shares.get(x)
+        if given is None:
+            given = self.shares[x] = {}
+        if k not in given:
+            given[k] = max(x.numel() - sum(given.values()), 0)
+            self._note("bound:partition", "masks `x == k` on values the estimate does not have (a box's pyramid "
+                       "level): the first selected takes every element, the others what is left, as the real "
+                       "parts share them")
+        return given[k]
+
     def _note_bound(self, name: str) -> None:
         self._note(f"bound:{name}", f"aten.{name} on values the estimate does not have: its output is bounded "
                    "from above (every element selected), so the estimate errs high there")
@@ -468,12 +501,12 @@ class DataDependent(TorchDispatchMode):
                     with _real():
                         rows = known.nonzero().unbind(1)
                     swapped += [self._fake_like(r, idx) for r in rows]
-                else:                   # every position selected
+                else:                   # every position (of its share) selected
                     self._note_bound("index")
-                    n = idx.numel()
+                    n = self._share(idx)
                     with _real():
-                        rows = torch.ones(tuple(idx.shape), dtype=torch.bool).nonzero().unbind(1) \
-                            if n <= MAX_INT_NUMEL else None
+                        rows = torch.ones(tuple(idx.shape), dtype=torch.bool).nonzero()[:n].unbind(1) \
+                            if idx.numel() <= MAX_INT_NUMEL else None
                     if rows is not None:
                         swapped += [self._fake_like(r, idx, frozenset({_BOUND + "aten.index"})) for r in rows]
                     else:
