@@ -27,7 +27,8 @@ that shape. On unknown values:
   negatives) may overlap in them, so the union of masks made from them (`pos | neg`) counts
   as many elements as the two hold together (up to all of them): never fewer than the real
   union. The masks `x == 0`, `x == 1`, ... of one unknown tensor (a box's pyramid level) split
-  its elements between them: the first selected takes them all, the others what is left.
+  its elements between them: the first selected takes them all, the others what is left (an
+  upper bound where each part makes tensors of one size per element, as a pooler's levels do).
 
 Ops whose fake kernel refuses what the real one runs (`_grouped_mm` on fp32, fake-only
 checks for bf16) are run on bf16 stand-ins for their shape. `notes()` says which ops made the
@@ -483,7 +484,8 @@ class DataDependent(TorchDispatchMode):
             given[k] = max(x.numel() - sum(given.values()), 0)
             self._note("bound:partition", "masks `x == k` on values the estimate does not have (a box's pyramid "
                        "level): the first selected takes every element, the others what is left, as the real "
-                       "parts share them")
+                       "parts share them; an upper bound where each part makes tensors of one size per element, "
+                       "as a pooler's levels do")
         return given[k]
 
     def _note_bound(self, name: str) -> None:
