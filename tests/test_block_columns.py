@@ -65,3 +65,25 @@ def test_state_replaced_each_step_is_claimed_each_step():
     assert made_in_step == [2, 2]           # the third step's tensors, not the first's
     states = [b for b in run.blocks.values() if b.category == Category.OPTIMIZER_STATE.value]
     assert len(states) == 6                 # two tensors a step, each claimed in its step
+
+
+def test_a_parameter_group_added_later_is_claimed_as_weights_and_state():
+    # the optimizer's weights are claimed when it is first seen, and again when it steps
+    # more parameters: a group added after the first step is counted as a weight, its
+    # gradient and Adam's state as theirs, none of them left uncounted or a temporary
+    model = nn.Linear(64, 64)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with Tracer(models=[model], optimizers=[opt], source="dispatch") as tracer:
+        extra = nn.Parameter(torch.randn(512, 512))      # made inside the trace: counted as an op's output
+        for step in range(3):
+            if step == 1:
+                opt.add_param_group({"params": [extra]})
+            loss = model(torch.randn(8, 64)).sum() + (extra.sum() if step else 0)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    big = [b for b in tracer.run.blocks.values() if b.nbytes == 512 * 512 * 4]
+    categories = {b.category for b in big}
+    assert Category.WEIGHTS.value in categories and Category.OPTIMIZER_STATE.value in categories, categories
+    weights = [b for b in big if b.category == Category.WEIGHTS.value]
+    assert len(weights) == 1 and weights[0].free_seq is None

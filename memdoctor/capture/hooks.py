@@ -81,6 +81,7 @@ class OwnershipHooks:
         self.saved_tensors = saved_tensors and not light
         self._discovery = None
         self._state_sizes: dict[int, int] = {}
+        self._param_counts: dict[int, int] = {}     # optimizer -> parameters it steps, when last claimed
         self.broken = False
         self.handles: list = []
         self.roots: dict[int, weakref.ref] = {}
@@ -197,17 +198,20 @@ class OwnershipHooks:
 
     @guarded
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Claim what the optimizer steps: weights and state when it is first seen, the
-        gradients (made anew each backward) at every step; the state a step makes or
-        replaces is claimed after it (`_step_post`)."""
+        """Claim what the optimizer steps: weights and state when it is first seen or steps
+        more parameters, the gradients (made anew each backward) at every step; the state a
+        step makes or replaces is claimed after it (`_step_post`)."""
         first = id(optimizer) not in self.optimizers
         if first:
             self.optimizers[id(optimizer)] = weakref.ref(optimizer)
             self.optimizer_info.append(describe_optimizer(optimizer))
             if self.rec.claims is not None:
                 self.handles.append(self.zero_grads.watch(optimizer))
-        self._claim_grads(optimizer, weights=first)
-        if first:
+        params = sum(len(group["params"]) for group in optimizer.param_groups)
+        grown = self._param_counts.get(id(optimizer)) != params     # first seen, or a group added
+        self._param_counts[id(optimizer)] = params
+        self._claim_grads(optimizer, weights=grown)
+        if grown:
             self._claim_state(optimizer)
 
     @guarded
@@ -483,9 +487,7 @@ class OwnershipHooks:
         for a change in place, so `_unpack` does, as autograd would have."""
         if not self.broken:
             try:
-                storage = _storage_of(tensor)
-                if storage is None or not self.rec.claim_counted(tensor, storage, _ACTIVATIONS):
-                    self.rec.claim(tensor, _ACTIVATIONS, storage=storage)
+                self._claim_as(tensor, _storage_of(tensor), _ACTIVATIONS)
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:
