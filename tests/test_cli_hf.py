@@ -48,6 +48,53 @@ def test_an_encoder_decoder_and_an_image_model_get_their_own_batches(capsys):
         assert code == 0 and json.loads(capsys.readouterr().out)["config"]["task"] == kind
 
 
+def _params(cfg) -> int:
+    import transformers
+    auto = "AutoModelForSeq2SeqLM" if cfg.is_encoder_decoder else "AutoModelForCausalLM"
+    return sum(p.numel() for p in getattr(transformers, auto).from_config(cfg).parameters())
+
+
+@needs_transformers
+@pytest.mark.parametrize("model_type, sizes, same_as", [
+    # a head size of hidden / heads, key/value heads as many as heads
+    ("llama", {"num_attention_heads": 4}, {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64}),
+    # Mistral's 4 heads per key/value head kept
+    ("mistral", {"num_attention_heads": 4}, {"num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64}),
+    # both stacks of an encoder-decoder
+    ("bart", {"num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 384},
+     {"encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+      "encoder_ffn_dim": 384, "decoder_ffn_dim": 384}),
+    # models that name their MLP their own way
+    ("gpt2", {"num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 384},
+     {"n_layer": 1, "n_head": 4, "n_inner": 384}),
+    ("t5", {"num_hidden_layers": 1, "intermediate_size": 384}, {"num_layers": 1, "num_decoder_layers": 1, "d_ff": 384}),
+])
+def test_size_flags_build_the_model_transformers_builds_from_those_sizes(model_type, sizes, same_as):
+    import transformers
+
+    from memdoctor.predict.hf_models import HfModel
+    small = {"vocab_size": 512, "hidden_size": 256} | ({} if model_type in ("bart", "gpt2", "t5") else
+                                                       {"num_hidden_layers": 1, "intermediate_size": 384})
+    ours = HfModel(model_type, None, {**small, **sizes}).config()
+    theirs = transformers.AutoConfig.for_model(model_type, **{**small, **same_as})
+    assert _params(ours) == _params(theirs)
+
+
+@needs_transformers
+def test_size_flags_on_a_config_file_resize_what_the_file_leaves_derived(tmp_path):
+    import transformers
+
+    from memdoctor.predict.hf_models import HfModel
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 4,
+        "num_hidden_layers": 1, "intermediate_size": 512, "vocab_size": 512}))
+    ours = HfModel(None, str(tmp_path), {"hidden_size": 256, "num_attention_heads": 8}).config()
+    assert (ours.head_dim, ours.num_key_value_heads) == (32, 2)
+    theirs = transformers.AutoConfig.for_model("llama", hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
+                                               num_hidden_layers=1, intermediate_size=512, vocab_size=512)
+    assert _params(ours) == _params(theirs)
+
+
 @needs_transformers
 @pytest.mark.parametrize("args, says", [
     (["--hf", "bert", "--kv-heads", "2"], "has no num_key_value_heads"),

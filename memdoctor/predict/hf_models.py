@@ -54,31 +54,56 @@ class HfModel:
 
     def config(self):
         """The transformers config, sizes applied; ValueError for an unknown type, a bad file
-        or a size the model does not have."""
+        or a size the model does not have.
+
+        The sizes go through the config's constructor, as a config file's values do, so the
+        fields it derives from them follow: a head size of hidden / heads, key/value heads
+        as many as heads where the model type leaves them unset. Where the model sets its own
+        key/value heads and --heads alone is given, they keep the model's heads per key/value
+        head (Mistral's 32 and 8 become 4 and 1 with --heads 4)."""
         try:
             import transformers
         except ImportError:
             raise ValueError("--hf and --hf-config need transformers: pip install transformers") from None
         try:
             if self.model_type is not None:
-                cfg = transformers.AutoConfig.for_model(self.model_type)
+                values: dict[str, Any] = {}
+                base = transformers.AutoConfig.for_model(self.model_type)
             else:
                 path = self.config_path
                 if os.path.isdir(path):
                     path = os.path.join(path, "config.json")
                 if not os.path.isfile(path):
                     raise ValueError(f"no such config file: {self.config_path}")
-                cfg = transformers.AutoConfig.from_pretrained(path)
+                values, _ = transformers.PretrainedConfig.get_config_dict(path)
+                if "model_type" not in values:
+                    raise ValueError(f"{self.config_path} names no model_type")
+                base = transformers.AutoConfig.for_model(values["model_type"], **_without(values, "model_type"))
         except ValueError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"not a transformers configuration: {first[:200]}") from None
         except OSError as exc:
             raise ValueError(f"cannot read the config: {str(exc).splitlines()[0][:200]}") from None
-        for attr, value in self.sizes.items():
-            if not hasattr(cfg, attr):
-                flag = next((f for f, a in SIZE_FLAGS.items() if a == attr), attr)
-                raise ValueError(f"a {cfg.model_type} config has no {attr} (--{flag.replace('_', '-')})")
-            setattr(cfg, attr, int(value))
+        if not self.sizes:
+            cfg = base
+        else:
+            sizes = _with_kv_heads(base, {a: int(v) for a, v in self.sizes.items()})
+            fields = {}                         # the config's own field -> value
+            for attr, value in sizes.items():
+                names = _fields(base, attr)
+                if not names:
+                    flag = next((f for f, a in SIZE_FLAGS.items() if a == attr), attr)
+                    raise ValueError(f"a {base.model_type} config has no {attr} (--{flag.replace('_', '-')})")
+                fields.update({name: value for name in names})
+            values.update(fields)
+            try:
+                cfg = transformers.AutoConfig.for_model(base.model_type, **_without(values, "model_type"))
+            except (ValueError, TypeError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ValueError(f"these sizes do not make a {base.model_type} config: {first[:200]}") from None
+            for name, value in fields.items():  # a constructor that takes no such argument
+                if getattr(cfg, name, None) != value:
+                    setattr(cfg, name, value)
         if getattr(cfg, "use_cache", None):
             cfg.use_cache = False               # training: no key/value cache
         return cfg
@@ -127,6 +152,36 @@ class HfModel:
                   "seq": seq if kind in ("tokens", "seq2seq") else None,
                   "image_size": size if kind == "image" else None, "sizes": dict(self.sizes), "optimizer": optimizer}
         return build, config
+
+
+# generic size -> the fields models name it by where transformers' attribute_map does not
+# (encoder-decoders size both stacks; GPT-2, T5, OPT, Falcon name their MLP their own way)
+_ALIASES = {
+    "num_hidden_layers": ("encoder_layers", "decoder_layers"),
+    "num_attention_heads": ("encoder_attention_heads", "decoder_attention_heads"),
+    "intermediate_size": ("n_inner", "d_ff", "ffn_dim", "ffn_hidden_size", "encoder_ffn_dim", "decoder_ffn_dim"),
+}
+
+
+def _fields(base, attr: str) -> list[str]:
+    """The fields of `base`'s config that the generic size `attr` sets."""
+    mapped = (getattr(type(base), "attribute_map", {}) or {}).get(attr)
+    names = [mapped] if mapped else ([attr] if hasattr(base, attr) else [])
+    return names + [a for a in _ALIASES.get(attr, ()) if a not in names and a in vars(base)]
+
+
+def _without(values: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if k != key}
+
+
+def _with_kv_heads(base, sizes: dict[str, int]) -> dict[str, int]:
+    """`sizes` with key/value heads for a new head count, where the model sets its own: the
+    model's heads per key/value head kept when that divides, else one per head."""
+    heads, kv = sizes.get("num_attention_heads"), getattr(base, "num_key_value_heads", None)
+    if heads is None or "num_key_value_heads" in sizes or not kv:
+        return sizes
+    per_kv = max(1, int(base.num_attention_heads) // int(kv))
+    return {**sizes, "num_key_value_heads": heads // per_kv if heads % per_kv == 0 else heads}
 
 
 def _batch(kind: str, n: int, seq: int, size: int, vocab: int, labels: int) -> dict[str, Any]:
