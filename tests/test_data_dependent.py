@@ -360,30 +360,34 @@ def test_joined_samples_of_bounded_selections_count_as_a_real_run_counts(in_plac
 class Pooler(nn.Module):
     """A feature pyramid's RoI pooler (torchvision's MultiScaleRoIAlign): each box goes to
     one of four levels by its size, which the estimate does not know; each level pools its
-    boxes into one result."""
+    boxes into one result. With `tensor_levels`, each level is compared as a tensor
+    (`levels == torch.tensor(k)`), whose value the estimate knows."""
 
-    def __init__(self):
+    def __init__(self, tensor_levels: bool = False):
         super().__init__()
         self.size = nn.Linear(256, 1)
         self.pool = nn.ModuleList(nn.Linear(256, 1024) for _ in range(4))
+        self.tensor_levels = tensor_levels
 
     def forward(self, x):
         levels = torch.clamp(torch.floor(self.size(x).squeeze(1).abs() * 3), 0, 3).long()
         result = x.new_zeros(x.shape[0], 1024)
         for level, pool in enumerate(self.pool):
-            idx = torch.where(levels == level)[0]
+            k = torch.tensor(level) if self.tensor_levels else level
+            idx = torch.where(levels == k)[0]
             result[idx] = pool(x[idx])
         return result
 
 
-def test_the_parts_of_an_unknown_partition_share_its_elements():
+@pytest.mark.parametrize("tensor_levels", [False, True])
+def test_the_parts_of_an_unknown_partition_share_its_elements(tensor_levels):
     # bounded each on its own, every level would take all 600 boxes: 2400 rows pooled where a
     # real run pools 600 in all; the first level takes them all, the others none
     batch = lambda: torch.randn(600, 256)                           # noqa: E731
     loss = lambda m, x: m(x).square().mean()                         # noqa: E731
-    real = Pooler()(batch())
+    real = Pooler(tensor_levels)(batch())
     assert real.shape == (600, 1024)
-    est = _estimate(Pooler, batch, loss)
+    est = _estimate(lambda: Pooler(tensor_levels), batch, loss)
     pooled = [b.shape[0] for b in est.run.blocks.values() if b.name == "aten.addmm" and b.shape[-1] == 1024]
     assert pooled and sum(pooled) == 600 * 2 and max(pooled) == 600, pooled     # two steps
     assert any("pyramid level" in n for n in est.notes)

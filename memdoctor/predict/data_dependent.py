@@ -465,7 +465,8 @@ class DataDependent(TorchDispatchMode):
         x, k = args[0], args[1] if len(args) > 1 else None
         if isinstance(k, torch.Tensor):
             known = self.value(k)
-            k = known.item() if known is not None and known.numel() == 1 else None
+            with _real():
+                k = known.item() if known is not None and known.numel() == 1 else None
         if isinstance(x, FakeTensor) and isinstance(mask, FakeTensor) and type(k) in (int, bool) \
                 and not (x.is_floating_point() or x.is_complex()) and tuple(mask.shape) == tuple(x.shape):
             self.parts[mask] = (x, k)

@@ -98,12 +98,14 @@ class HfModel:
             values.update(fields)
             try:
                 cfg = transformers.AutoConfig.for_model(base.model_type, **_without(values, "model_type"))
-            except (ValueError, TypeError) as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ValueError(f"these sizes do not make a {base.model_type} config: {first[:200]}") from None
-            for name, value in fields.items():  # a constructor that takes no such argument
-                if getattr(cfg, name, None) != value:
-                    setattr(cfg, name, value)
+                for name, value in fields.items():  # a constructor that takes no such argument
+                    if getattr(cfg, name, None) != value:
+                        setattr(cfg, name, value)
+            except Exception as exc:        # configs validate in their own ways (ValueError, NotImplementedError, ...)
+                lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+                said = " ".join(lines[-1:] if len(lines) > 1 and lines[0].endswith(":") else lines[:1])
+                raise ValueError(f"these sizes do not make a {base.model_type} config: "
+                                 f"{said[:200] or type(exc).__name__}") from None
         if getattr(cfg, "use_cache", None):
             cfg.use_cache = False               # training: no key/value cache
         return cfg
