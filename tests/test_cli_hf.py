@@ -43,6 +43,9 @@ def test_an_encoder_decoder_and_an_image_model_get_their_own_batches(capsys):
     for args, kind in ((["--hf", "t5", "--layers", "1", "--hidden", "128", "--heads", "2", "--vocab", "500"],
                         "AutoModelForSeq2SeqLM"),
                        (["--hf", "vit", "--layers", "1", "--hidden", "96", "--heads", "2", "--intermediate", "192"],
+                        "AutoModelForImageClassification"),
+                       # a type with two classifier heads, and a config that names no architecture
+                       (["--hf", "deit", "--layers", "1", "--hidden", "96", "--heads", "2", "--intermediate", "192"],
                         "AutoModelForImageClassification")):
         code = main(["estimate", *args, "--batch", "2", "--seq", "64", "--json"])
         assert code == 0 and json.loads(capsys.readouterr().out)["config"]["task"] == kind

@@ -145,7 +145,10 @@ class HfModel:
             import transformers
 
             from memdoctor.predict.models import make_optimizer
-            model = getattr(transformers, auto).from_config(cfg)
+            model_class = getattr(transformers, auto)._model_mapping[type(cfg)]
+            if isinstance(model_class, (list, tuple)):  # DeiT's two heads: its plain one first
+                model_class = model_class[0]
+            model = model_class._from_config(cfg)
             model.train()
             return model, make_optimizer(optimizer, model), _batch(kind, batch, seq, size, vocab, labels), _loss
 
