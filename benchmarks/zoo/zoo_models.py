@@ -139,6 +139,15 @@ def _transformers_zoo() -> list[Arch]:
         _decoder("stablelm", "StableLmForCausalLM", "StableLmConfig", 50304, 1024, (4, 8), num_hidden_layers=4,
                  hidden_size=1024, intermediate_size=2816, num_attention_heads=16, num_key_value_heads=16,
                  partial_rotary_factor=0.25, **rope),                                          # LayerNorm, partial rotary
+        _decoder("xglm", "XGLMForCausalLM", "XGLMConfig", 256008, 1024, (2, 4), num_layers=4, d_model=1024,
+                 attention_heads=16, ffn_dim=4096, max_position_embeddings=2048),          # sinusoidal positions, 256k vocab
+        _decoder("gemma2", "Gemma2ForCausalLM", "Gemma2Config", 256000, 1024, (2, 4), num_hidden_layers=4,
+                 hidden_size=1024, intermediate_size=4096, num_attention_heads=8, num_key_value_heads=4,
+                 head_dim=256, sliding_window=512, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                 query_pre_attn_scalar=256, **rope),                                           # soft-capped logits, local/global
+        _decoder("recurrent-gemma", "RecurrentGemmaForCausalLM", "RecurrentGemmaConfig", 256000, 1024, (2, 4),
+                 family="recurrent", num_hidden_layers=3, hidden_size=1024, intermediate_size=3072,
+                 num_attention_heads=8, lru_width=1024, attention_window_size=512),            # Griffin: RG-LRU scan
         # mixture of experts: routing decides which tokens each expert sees
         _decoder("mixtral", "MixtralForCausalLM", "MixtralConfig", 32000, 512, (4, 8), family="moe",
                  num_hidden_layers=4, hidden_size=512, intermediate_size=1792, num_attention_heads=8,
@@ -147,6 +156,14 @@ def _transformers_zoo() -> list[Arch]:
                  num_hidden_layers=4, hidden_size=512, intermediate_size=1408, moe_intermediate_size=512,
                  shared_expert_intermediate_size=1024, num_attention_heads=8, num_key_value_heads=8,
                  num_experts=16, num_experts_per_tok=4, experts_implementation="eager", **rope),  # routing loop
+        _decoder("olmoe", "OlmoeForCausalLM", "OlmoeConfig", 50304, 512, (4, 8), family="moe", num_hidden_layers=4,
+                 hidden_size=1024, intermediate_size=1024, num_attention_heads=16, num_key_value_heads=16,
+                 num_experts=16, num_experts_per_tok=4, **rope),                               # q/k norms, top-4 of 16
+        _decoder("deepseek-v3", "DeepseekV3ForCausalLM", "DeepseekV3Config", 32000, 512, (4, 8), family="moe",
+                 num_hidden_layers=4, first_k_dense_replace=1, hidden_size=1024, intermediate_size=2816,
+                 moe_intermediate_size=512, num_attention_heads=16, num_key_value_heads=16, q_lora_rank=384,
+                 kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, n_routed_experts=16,
+                 num_experts_per_tok=4, n_shared_experts=1, n_group=4, topk_group=2, **rope),  # MLA, grouped routing
         # encoder-decoders
         Arch("t5", "encoder-decoder", _hf("T5ForConditionalGeneration", "T5Config", vocab_size=32128, d_model=512, decoder_start_token_id=0, pad_token_id=0,
                                          d_kv=64, d_ff=2048, num_layers=4, num_heads=8),
@@ -187,6 +204,20 @@ def _transformers_zoo() -> list[Arch]:
                                       hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
                                       intermediate_size=1024),
              _tokens(30522, 512), _hf_loss, (16, 32)),
+        Arch("modernbert", "encoder", _hf("ModernBertForMaskedLM", "ModernBertConfig", vocab_size=50368,
+                                         hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
+                                         intermediate_size=1152, global_attn_every_n_layers=3, local_attention=128),
+             _tokens(50368, 1024, pad_tail=64), _hf_loss, (8, 16)),                 # local/global, GLU, unpadding
+        Arch("longformer", "encoder", _hf("LongformerForMaskedLM", "LongformerConfig", vocab_size=50265,
+                                         hidden_size=768, num_hidden_layers=4, num_attention_heads=12,
+                                         intermediate_size=3072, attention_window=[256] * 4,
+                                         max_position_embeddings=4098),
+             _tokens(50265, 1024), _hf_loss, (4, 8)),                                # sliding chunks
+        Arch("big-bird", "encoder", _hf("BigBirdForMaskedLM", "BigBirdConfig", vocab_size=50358, hidden_size=768,
+                                       num_hidden_layers=4, num_attention_heads=12, intermediate_size=3072,
+                                       attention_type="block_sparse", block_size=64, num_random_blocks=3,
+                                       max_position_embeddings=4096),
+             _tokens(50358, 1024), _hf_loss, (4, 8)),                                # block-sparse, random blocks
         # vision
         Arch("vit", "vision", _hf("ViTForImageClassification", "ViTConfig", hidden_size=768, num_hidden_layers=6,
                                  num_attention_heads=12, intermediate_size=3072, image_size=224, patch_size=16,
@@ -206,6 +237,20 @@ def _transformers_zoo() -> list[Arch]:
                                        depths=[2, 2, 2, 2], hidden_sizes=[32, 64, 160, 256],
                                        decoder_hidden_size=256),
              _segmentation_inputs, _hf_loss, (8, 16)),
+        Arch("dinov2", "vision", _hf("Dinov2ForImageClassification", "Dinov2Config", hidden_size=768,
+                                    num_hidden_layers=6, num_attention_heads=12, image_size=224, patch_size=14,
+                                    num_labels=1000),
+             _images(224, 1000), _hf_loss, (32, 64)),                                # layer scale, 14px patches
+        Arch("mobilevit", "vision", _hf("MobileViTForImageClassification", "MobileViTConfig", image_size=256,
+                                       num_labels=1000),
+             _images(256, 1000), _hf_loss, (32, 64)),                                # convolutions and unfolded patches
+        Arch("clip", "contrastive", _hf("CLIPModel", "CLIPConfig",
+                                       text_config={"vocab_size": 49408, "hidden_size": 512, "num_hidden_layers": 6,
+                                                    "num_attention_heads": 8, "intermediate_size": 2048},
+                                       vision_config={"hidden_size": 768, "num_hidden_layers": 6,
+                                                      "num_attention_heads": 12, "intermediate_size": 3072,
+                                                      "image_size": 224, "patch_size": 16}),
+             _clip_inputs, _hf_loss, (32, 64)),                                      # two towers, batch x batch logits
         # speech
         Arch("wav2vec2", "speech", _hf("Wav2Vec2ForCTC", "Wav2Vec2Config", vocab_size=32, hidden_size=768,
                                       num_hidden_layers=4, num_attention_heads=12, intermediate_size=3072,
@@ -216,6 +261,12 @@ def _transformers_zoo() -> list[Arch]:
                                     num_labels=12, mask_time_prob=0.0),
              _audio_class_inputs, _hf_loss, (4, 8)),
     ]
+
+
+def _clip_inputs(n: int) -> dict:
+    """Captions of 77 tokens and their images; the loss contrasts every pair in the batch."""
+    return {"input_ids": torch.randint(0, 49408, (n, 77)), "attention_mask": torch.ones(n, 77, dtype=torch.long),
+            "pixel_values": torch.randn(n, 3, 224, 224), "return_loss": True}
 
 
 def _whisper_inputs(n: int) -> dict:
