@@ -40,3 +40,18 @@ def test_the_drivers_segment_addresses_decide_between_equal_free_blocks():
     upwards = replay_trace(events, [1 << 40, 2 << 40])
     assert upwards.num_segment_allocs == 3          # the 48 MiB one was, and 48 MiB more is reserved
     assert upwards.peak_reserved - downwards.peak_reserved == 48 * MiB
+
+
+def test_the_driver_maps_segments_in_32_mib_slots_downwards_and_fills_a_slots_unused_top():
+    """As the H200's driver placed MobileViT's segments (tests/test_zoo_estimate.py): a
+    16 MiB segment at the bottom of a 32 MiB slot, the next 16 MiB one above it; a 64 MiB
+    one in a slot of its own below; a 2 MiB one in the top of a 20 MiB segment's slot."""
+    from memdoctor.cuda.allocator_model import MiB, DriverSpace
+    space = DriverSpace(top=1024 * MiB)
+    first, second = space.place(16 * MiB), space.place(16 * MiB)
+    assert (first, second) == (992 * MiB, 1008 * MiB)
+    assert space.place(64 * MiB) == 928 * MiB
+    twenty = space.place(20 * MiB)
+    assert twenty == 896 * MiB and space.place(2 * MiB) == 916 * MiB
+    space.release(first, 16 * MiB)                  # a segment given back: its place is reused
+    assert space.place(16 * MiB) == first

@@ -12,8 +12,9 @@ What it mirrors (the native allocator, one device, one stream, no expandable seg
   2 MiB (kRoundLarge) from 10 MiB on (`get_allocation_size`);
 - a request takes the best-fitting free block of its pool: the smallest that is large
   enough, the lowest address among equals (`get_free_block`, a lower_bound on
-  (size, address)); new segments get lower addresses than the ones before them, as the
-  CUDA driver hands them out, so equal blocks tie as they do on a GPU;
+  (size, address)); so equal blocks tie as on a GPU, new segments get the addresses the
+  CUDA driver gives them (`DriverSpace`: each a slot of its size rounded up to 32 MiB,
+  below the slots before it; a later segment that fits in a slot's unused top goes there);
 - the block is split when what remains is worth keeping: >= 512 bytes in the small pool,
   > 1 MiB in the large pool (`should_split`); otherwise the whole block is handed out and
   counts as allocated, which is why `max_memory_allocated()` can exceed the bytes asked for;
@@ -113,6 +114,44 @@ class ModelOOM(Exception):
                          f"{allocated} allocated, {reserved} reserved of {capacity}")
 
 
+SLOT = 32 * MiB                 # the driver maps each new segment in a slot of a multiple of this
+
+
+class DriverSpace:
+    """The device addresses the CUDA driver gives new segments, as measured on the H200
+    (benchmarks/zoo/zoo_traces.py records them): each segment takes a slot of its size
+    rounded up to 32 MiB, slots go downwards from the ones before, and a later segment that
+    fits in what a slot leaves unused (the top of a 16 or 20 MiB segment's 32 MiB) takes the
+    lowest such place. The address order matters because the allocator breaks ties between
+    equal free blocks by address: two 16 MiB segments sharing a slot are in ascending order,
+    and whichever is split first decides which whole segment is left for a later request.
+
+    What it leaves out: where the driver puts a process's first few hundred MiB (it may fill
+    them upwards), and memory mapped by anything besides the caching allocator (cuBLAS,
+    cuDNN and NCCL handles, loaded kernels), which takes addresses between segments."""
+
+    def __init__(self, top: int = 1 << 48):
+        self.bottom = top
+        self.spare: list[tuple[int, int]] = []      # (address, bytes) unused in slots, sorted
+
+    def place(self, size: int) -> int:
+        for i, (addr, free) in enumerate(self.spare):
+            if free >= size:
+                if free > size:
+                    self.spare[i] = (addr + size, free - size)
+                else:
+                    del self.spare[i]
+                return addr
+        slot = SLOT * ((size + SLOT - 1) // SLOT)
+        self.bottom -= slot
+        if slot > size:
+            bisect.insort(self.spare, (self.bottom + size, slot - size))
+        return self.bottom
+
+    def release(self, addr: int, size: int) -> None:
+        bisect.insort(self.spare, (addr, size))
+
+
 class Block:
     __slots__ = ("addr", "size", "requested", "small", "prev", "next", "allocated", "seg_addr")
 
@@ -179,7 +218,7 @@ class CachingAllocatorModel:
         self.small_pool = _Pool(True)
         self.large_pool = _Pool(False)
         self.segments: dict[int, int] = {}      # segment address -> size
-        self._next_addr = 1 << 48       # segments go downwards from here (see _new_segment)
+        self.driver = DriverSpace()     # where the next segments go
         self.addresses: list[int] = []  # where given (a GPU's recorded segments), the next ones' addresses
         self.allocated = 0
         self.reserved = 0
@@ -297,11 +336,7 @@ class CachingAllocatorModel:
         return self.capacity is None or self.reserved + seg <= self.capacity
 
     def _new_segment(self, pool: _Pool, seg: int) -> Block:
-        # The driver hands out each new segment below the ones before it (measured on the
-        # H200: replaying real allocator traces, ties between equal free blocks then break as
-        # they did on the GPU; benchmarks/results/allocator_replay_h200_2026-12-01.json).
-        self._next_addr -= seg + K_ROUND_LARGE      # and a gap: segments are never adjacent
-        addr = self.addresses.pop() if self.addresses else self._next_addr
+        addr = self.addresses.pop() if self.addresses else self.driver.place(seg)
         self.segments[addr] = seg
         self.reserved += seg
         self.num_segment_allocs += 1
@@ -330,6 +365,7 @@ class CachingAllocatorModel:
     def _release_segment(self, pool: _Pool, block: Block) -> None:
         pool.remove(block)
         del self.segments[block.seg_addr]
+        self.driver.release(block.seg_addr, block.size)
         self.reserved -= block.size
         self.num_segment_frees += 1
 
@@ -368,7 +404,7 @@ def replay_trace(events, segment_addresses: list[int] | None = None) -> CachingA
     allocation n) through a fresh model; what tests and benchmarks feed it from a GPU's
     recorded allocator trace. `segment_addresses`: the addresses the GPU's driver gave its
     segments, in order, for the model's (the driver's order decides between equal free
-    blocks; without them each segment goes below the ones before)."""
+    blocks; without them, where DriverSpace puts them)."""
     model = CachingAllocatorModel()
     model.addresses = list(reversed(segment_addresses or []))
     blocks = {}
