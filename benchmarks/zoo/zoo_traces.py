@@ -117,7 +117,7 @@ def _predicted(row: dict) -> dict:
 
     def malloc(self, nbytes):
         block = real_malloc(self, nbytes)
-        if self.capacity is None and block is not None:
+        if self.capacity is None and block is not None and self.driver.slot is not None:   # not the packed replay
             log, labels = logs.setdefault(id(self), ([], []))
             numbers[id(block)] = len(labels)
             log.append([1, len(labels), int(nbytes)])

@@ -128,10 +128,13 @@ class DriverSpace:
 
     What it leaves out: where the driver puts a process's first few hundred MiB (it may fill
     them upwards), and memory mapped by anything besides the caching allocator (cuBLAS,
-    cuDNN and NCCL handles, loaded kernels), which takes addresses between segments."""
+    cuDNN and NCCL handles, loaded kernels), which takes addresses between segments. The
+    H200 has placed some runs' segments each right below the last instead (`slot=None`),
+    which the estimate replays as well (memdoctor.predict.estimate)."""
 
-    def __init__(self, top: int = 1 << 48):
+    def __init__(self, top: int = 1 << 48, slot: int | None = SLOT):
         self.bottom = top
+        self.slot = slot
         self.spare: list[tuple[int, int]] = []      # (address, bytes) unused in slots, sorted
 
     def place(self, size: int) -> int:
@@ -142,7 +145,10 @@ class DriverSpace:
                 else:
                     del self.spare[i]
                 return addr
-        slot = SLOT * ((size + SLOT - 1) // SLOT)
+        if self.slot is None:                       # right below the last, never adjacent
+            self.bottom -= size + K_ROUND_LARGE
+            return self.bottom
+        slot = self.slot * ((size + self.slot - 1) // self.slot)
         self.bottom -= slot
         if slot > size:
             bisect.insort(self.spare, (self.bottom + size, slot - size))
@@ -212,13 +218,14 @@ class CachingAllocatorModel:
     it fails, cached segments are released and the request retried, then ModelOOM.
     """
 
-    def __init__(self, capacity: int | None = None, config: AllocatorConfig | None = None):
+    def __init__(self, capacity: int | None = None, config: AllocatorConfig | None = None,
+                 driver: DriverSpace | None = None):
         self.capacity = capacity
         self.config = config or AllocatorConfig()
         self.small_pool = _Pool(True)
         self.large_pool = _Pool(False)
         self.segments: dict[int, int] = {}      # segment address -> size
-        self.driver = DriverSpace()     # where the next segments go
+        self.driver = driver or DriverSpace()   # where the next segments go
         self.addresses: list[int] = []  # where given (a GPU's recorded segments), the next ones' addresses
         self.allocated = 0
         self.reserved = 0

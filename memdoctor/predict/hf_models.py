@@ -79,11 +79,11 @@ class HfModel:
                 if "model_type" not in values:
                     raise ValueError(f"{self.config_path} names no model_type")
                 base = transformers.AutoConfig.for_model(values["model_type"], **_without(values, "model_type"))
-        except ValueError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ValueError(f"not a transformers configuration: {first[:200]}") from None
         except OSError as exc:
             raise ValueError(f"cannot read the config: {str(exc).splitlines()[0][:200]}") from None
+        except Exception as exc:            # unknown types, and configs that validate their values
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"not a transformers configuration: {first[:200]}") from None
         if not self.sizes:
             cfg = base
         else:

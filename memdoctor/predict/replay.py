@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, ModelOOM
+from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, DriverSpace, ModelOOM
 from memdoctor.run import Action, CATEGORIES, Category, Run
 
 __all__ = ["Replay", "counted_blocks", "replay", "check_budget", "MAX_REPEATS"]
@@ -199,12 +199,19 @@ def check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int
                  sizes_of: dict[int, int] | None, steps: int | None = None) -> tuple[bool, dict | None, int]:
     """Replay again with the allocator capped at the budget (cached segments are released
     and the request retried before an OOM, as on a GPU), steady steps included: whether it
-    fits, the OOM if not (where, and what asked), and the reserved peak under the cap."""
-    result = replay(run, counted, CachingAllocatorModel(budget, conf), stop_on_oom=True, sizes_of=sizes_of,
-                    steps=steps)
+    fits, the OOM if not (where, and what asked), and the reserved peak under the cap. It
+    fits only if it does with the driver's segments in slots and packed one below the other,
+    the two placements the estimate replays (memdoctor.cuda.allocator_model.DriverSpace)."""
+    result, reserved = None, 0
+    for driver in (DriverSpace(), DriverSpace(slot=None)):
+        result = replay(run, counted, CachingAllocatorModel(budget, conf, driver), stop_on_oom=True,
+                        sizes_of=sizes_of, steps=steps)
+        reserved = max(reserved, result.peak_reserved)
+        if result.oom is not None:
+            break
     oom = result.oom
     if oom is None:
-        return True, None, result.peak_reserved
+        return True, None, reserved
     mark = run.mark_at(oom["seq"])
     oom.update(phase=mark.phase if mark else "other", step=(mark.step if mark else 0) + oom.pop("repeat"))
     block = run.blocks.get(run.event_blocks[oom["seq"]])
