@@ -1,0 +1,84 @@
+"""Whether `memdoctor estimate --hf TYPE` gives an answer for transformers' model types as a
+user names them: each type in a fresh process, small sizes given by flags (or the config's
+own sizes with --config-sizes), the answer or the one-line error, and the time.
+
+    python benchmarks/hf_types.py                        # the types below, 2 layers, hidden 256
+    python benchmarks/hf_types.py llama mamba --config-sizes --layers 2
+
+A type whose own transformers model cannot be built or trained from such a config (a
+special token id past a small vocabulary, a config that rejects a layer count) is an error
+of the configuration, not of the estimate; the row says which by its message. Writes
+hf_types_<hardware>_<date>.json (benchmarks/results, or --out) with the command, commit and
+versions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import resultfile  # noqa: E402
+
+TYPES = ("llama mistral qwen2 qwen3 gemma gemma2 gemma3_text phi phi3 starcoder2 gptj codegen persimmon olmo olmo2 "
+         "olmoe cohere granite granitemoe stablelm deepseek_v3 qwen3_moe mixtral phimoe jamba recurrent_gemma "
+         "xglm biogpt gpt2 gpt_neox falcon bloom opt mpnet xlm-roberta camembert ernie roformer longformer big_bird "
+         "convbert nystromformer bert t5 bart mbart pegasus led whisper vit deit dinov2 convnextv2 regnet resnet "
+         "mobilevit levit poolformer cvt data2vec-audio sew unispeech wavlm").split()
+
+
+def run_one(model_type: str, flags: list[str], timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "memdoctor", "estimate", "--hf", model_type, *flags, "--json"]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"type": model_type, "ok": False, "error": f"no answer in {timeout:.0f} s", "seconds": timeout}
+    seconds = round(time.perf_counter() - start, 1)
+    if proc.returncode == 0:
+        data = json.loads(proc.stdout)
+        return {"type": model_type, "ok": True, "seconds": seconds, "params": data.get("params"),
+                "peak_allocated_bytes": data["peak_allocated_bytes"], "peak_reserved_bytes": data["peak_reserved_bytes"]}
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("memdoctor:")]
+    return {"type": model_type, "ok": False, "exit": proc.returncode, "seconds": seconds,
+            "error": (said[-1] if said else proc.stderr.strip().splitlines()[-1:] or ["?"])[-1][:300]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("types", nargs="*", default=list(TYPES))
+    ap.add_argument("--config-sizes", action="store_true", help="the config's own sizes, bar the flags given")
+    ap.add_argument("--layers", default="2")
+    ap.add_argument("--batch", default="2")
+    ap.add_argument("--seq", default="256")
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--out", help="folder for the results file (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    flags = ["--layers", args.layers, "--batch", args.batch]
+    if not args.config_sizes:
+        flags += ["--hidden", "256", "--heads", "4"]
+    rows = []
+    for t in args.types:
+        seq = ["--seq", args.seq]
+        row = run_one(t, flags + seq, args.timeout)
+        if not row["ok"] and "no num_attention_heads" in row.get("error", "") and not args.config_sizes:
+            row = run_one(t, ["--layers", args.layers, "--batch", args.batch, "--hidden", "256"] + seq, args.timeout)
+        rows.append(row)
+        print(f"{t:18s} {'ok' if row['ok'] else 'ERROR':5s} {row['seconds']:6.1f}s  {row.get('error', '')}", flush=True)
+    ok = sum(r["ok"] for r in rows)
+    print(f"\n{ok} of {len(rows)} types estimated")
+    import torch  # noqa: F401  (imported for the versions the results file records)
+    import transformers  # noqa: F401
+    data = {"flags": flags, "rows": rows,
+            "summary": {"types": len(rows), "estimated": ok, "errors": [r["type"] for r in rows if not r["ok"]]}}
+    print(f"written: {resultfile.save('hf_types', resultfile.hardware('cpu', 1), data, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
