@@ -308,3 +308,27 @@ def test_mobilevit_bf16_reserves_what_the_h200_reserved_where_two_segments_share
         downwards = replay_trace(events, [(1 << 48) - (i + 1) * 2048 * MiB for i in range(len(recorded) + 50)])
         assert downwards.peak_reserved < 0.97 * real["max_reserved"]
         assert replay_trace(events).peak_reserved == real["max_reserved"]
+
+
+@needs_transformers
+def test_where_the_two_segment_placements_differ_the_estimate_reports_the_higher_and_says_so():
+    """CLIP bf16 batch 64: its requests reserve more with each segment right below the last
+    than in the driver's 32 MiB slots; the estimate reports the higher and notes both."""
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks" / "zoo"))
+    from zoo_traces import _predicted, _row
+    from memdoctor.cuda.allocator_model import CachingAllocatorModel, DriverSpace
+    pred = _predicted(_row("clip/bf16/b64"))
+
+    def reserved(driver):
+        model, blocks = CachingAllocatorModel(driver=driver), {}
+        for action, n, size in pred["events"]:
+            if action == 1:
+                blocks[n] = model.malloc(size)
+            else:
+                model.free(blocks.pop(n))
+        return model.peak_reserved
+    slots, packed = reserved(DriverSpace()), reserved(DriverSpace(slot=None))
+    assert packed > slots
+    assert pred["reserved"] == packed
+    assert [n for n in pred["notes"] if n.startswith("segment addresses") and "reports the higher" in n]
