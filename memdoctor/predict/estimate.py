@@ -375,8 +375,9 @@ def _replayed(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, con
         notes.append(dist_note)
     settled = fake.steps if settle else None
     rep = replay(run, counted, CachingAllocatorModel(None, conf), sizes_of=sizes_of, steps=settled)
-    # The driver's segment addresses break ties between equal free blocks, and the H200 has
-    # placed them both ways (memdoctor.cuda.allocator_model.DriverSpace): report the higher.
+    # The driver's segment addresses break ties between equal free blocks, and its slot rule
+    # is read from a few traces (memdoctor.cuda.allocator_model.DriverSpace): replay the rule
+    # before it too, each segment right below the last, and report the higher.
     packed = replay(run, counted, CachingAllocatorModel(None, conf, DriverSpace(slot=None)), sizes_of=sizes_of,
                     steps=settled)
     if packed.peak_reserved != rep.peak_reserved:
