@@ -5,9 +5,11 @@ own sizes with --config-sizes), the answer or the one-line error, and the time.
     python benchmarks/hf_types.py                        # the types below, 2 layers, hidden 256
     python benchmarks/hf_types.py llama mamba --config-sizes --layers 2
 
-A type whose own transformers model cannot be built or trained from such a config (a
-special token id past a small vocabulary, a config that rejects a layer count) is an error
-of the configuration, not of the estimate; the row says which by its message. Writes
+A type that has no such size (a convolutional network has no hidden size, Mamba no heads)
+runs at its config's own sizes, and its row says so. A type whose own transformers model
+cannot be built or trained from such a config (a special token id past a small vocabulary, a
+config that rejects a layer count) is an error of the configuration, not of the estimate;
+the row says which by its message. Writes
 hf_types_<hardware>_<date>.json (benchmarks/results, or --out) with the command, commit and
 versions.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -29,7 +32,7 @@ TYPES = ("llama mistral qwen2 qwen3 gemma gemma2 gemma3_text phi phi3 starcoder2
          "olmoe cohere granite granitemoe stablelm deepseek_v3 qwen3_moe mixtral phimoe jamba recurrent_gemma "
          "xglm biogpt gpt2 gpt_neox falcon bloom opt mpnet xlm-roberta camembert ernie roformer longformer big_bird "
          "convbert nystromformer bert t5 bart mbart pegasus led whisper vit deit dinov2 convnextv2 regnet resnet "
-         "mobilevit levit poolformer cvt data2vec-audio sew unispeech wavlm").split()
+         "mobilevit levit poolformer cvt data2vec-audio sew unispeech wavlm mamba mamba2 rwkv gpt_neo").split()
 
 
 def run_one(model_type: str, flags: list[str], timeout: float) -> dict:
@@ -44,9 +47,9 @@ def run_one(model_type: str, flags: list[str], timeout: float) -> dict:
         data = json.loads(proc.stdout)
         return {"type": model_type, "ok": True, "seconds": seconds, "params": data.get("params"),
                 "peak_allocated_bytes": data["peak_allocated_bytes"], "peak_reserved_bytes": data["peak_reserved_bytes"]}
-    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("memdoctor:")]
-    return {"type": model_type, "ok": False, "exit": proc.returncode, "seconds": seconds,
-            "error": (said[-1] if said else proc.stderr.strip().splitlines()[-1:] or ["?"])[-1][:300]}
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("memdoctor:")] or \
+        proc.stderr.strip().splitlines() or ["?"]
+    return {"type": model_type, "ok": False, "exit": proc.returncode, "seconds": seconds, "error": lines[-1][:300]}
 
 
 def main(argv=None) -> int:
@@ -59,15 +62,20 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out", help="folder for the results file (default benchmarks/results)")
     args = ap.parse_args(argv)
-    flags = ["--layers", args.layers, "--batch", args.batch]
-    if not args.config_sizes:
-        flags += ["--hidden", "256", "--heads", "4"]
+    sizes = {"--layers": args.layers} if args.config_sizes else {"--layers": args.layers, "--hidden": "256",
+                                                                  "--heads": "4"}
+    flags = [x for kv in sizes.items() for x in kv] + ["--batch", args.batch, "--seq", args.seq]
     rows = []
     for t in args.types:
-        seq = ["--seq", args.seq]
-        row = run_one(t, flags + seq, args.timeout)
-        if not row["ok"] and "no num_attention_heads" in row.get("error", "") and not args.config_sizes:
-            row = run_one(t, ["--layers", args.layers, "--batch", args.batch, "--hidden", "256"] + seq, args.timeout)
+        given = dict(sizes)
+        while True:
+            row = run_one(t, [x for kv in given.items() for x in kv] + ["--batch", args.batch, "--seq", args.seq],
+                          args.timeout)
+            missing = re.search(r" config has no \w+ \((--[\w-]+)\)", row.get("error", ""))
+            if row["ok"] or not missing or missing.group(1) not in given:
+                break
+            del given[missing.group(1)]             # a size this type does not have: its config's own
+        row["sizes"] = given
         rows.append(row)
         print(f"{t:18s} {'ok' if row['ok'] else 'ERROR':5s} {row['seconds']:6.1f}s  {row.get('error', '')}", flush=True)
     ok = sum(r["ok"] for r in rows)
