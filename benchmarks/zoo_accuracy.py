@@ -1,5 +1,5 @@
 """How close memdoctor's default estimate comes, on architectures it was never shaped for,
-to what a GPU measures (benchmarks/zoo/zoo_models.py: 30+ transformers, torch and
+to what a GPU measures (benchmarks/zoo/zoo_models.py: 51 transformers, torch and
 torchvision models with random weights).
 
 For each configuration (architecture x fp32 / bf16 autocast / full checkpointing x two batch
