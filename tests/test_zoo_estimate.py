@@ -298,14 +298,14 @@ def test_mobilevit_bf16_reserves_what_the_h200_reserved_where_two_segments_share
     import gzip
     import json
 
-    from memdoctor.cuda.allocator_model import MiB, replay_trace
+    from memdoctor.cuda.allocator_model import DriverSpace, replay_trace
     fixture = json.loads(gzip.decompress((ROOT / "tests" / "fixtures" / "zoo_traces" / "mobilevit_bf16_b32.json.gz")
                                          .read_bytes()))
     real, predicted = fixture["real"], fixture["predicted"]
     recorded = [address for _n, address, _size in real["segment_addresses"]]
     assert max(b - a for a, b in zip(recorded, recorded[1:])) > 0         # some segments went upwards
     for events in (real["events"], predicted["events"]):
-        downwards = replay_trace(events, [(1 << 48) - (i + 1) * 2048 * MiB for i in range(len(recorded) + 50)])
+        downwards = replay_trace(events, driver=DriverSpace(slot=None))
         assert downwards.peak_reserved < 0.97 * real["max_reserved"]
         assert replay_trace(events).peak_reserved == real["max_reserved"]
 
@@ -317,18 +317,9 @@ def test_where_the_two_segment_placements_differ_the_estimate_reports_the_higher
     import sys
     sys.path.insert(0, str(ROOT / "benchmarks" / "zoo"))
     from zoo_traces import _predicted, _row
-    from memdoctor.cuda.allocator_model import CachingAllocatorModel, DriverSpace
+    from memdoctor.cuda.allocator_model import placements, replay_trace
     pred = _predicted(_row("clip/bf16/b64"))
-
-    def reserved(driver):
-        model, blocks = CachingAllocatorModel(driver=driver), {}
-        for action, n, size in pred["events"]:
-            if action == 1:
-                blocks[n] = model.malloc(size)
-            else:
-                model.free(blocks.pop(n))
-        return model.peak_reserved
-    slots, packed = reserved(DriverSpace()), reserved(DriverSpace(slot=None))
+    slots, packed = (replay_trace(pred["events"], driver=driver).peak_reserved for driver in placements())
     assert packed > slots
     assert pred["reserved"] == packed
     assert [n for n in pred["notes"] if n.startswith("segment addresses") and "reports the higher" in n]

@@ -159,6 +159,12 @@ class DriverSpace:
         bisect.insort(self.spare, (addr, size))
 
 
+def placements() -> tuple[DriverSpace, DriverSpace]:
+    """The two placements the estimate replays: the driver's slots, and each segment right
+    below the last; it reports the higher reserved peak of the two."""
+    return DriverSpace(), DriverSpace(slot=None)
+
+
 class Block:
     __slots__ = ("addr", "size", "requested", "small", "prev", "next", "allocated", "seg_addr")
 
@@ -407,13 +413,14 @@ class CachingAllocatorModel:
                 self._release_segment(pool, block)
 
 
-def replay_trace(events, segment_addresses: list[int] | None = None) -> CachingAllocatorModel:
+def replay_trace(events, segment_addresses: list[int] | None = None,
+                 driver: DriverSpace | None = None) -> CachingAllocatorModel:
     """Replay [action, n, bytes] events (1: allocate `bytes` as allocation n, 0: free
     allocation n) through a fresh model; what tests and benchmarks feed it from a GPU's
     recorded allocator trace. `segment_addresses`: the addresses the GPU's driver gave its
     segments, in order, for the model's (the driver's order decides between equal free
-    blocks; without them, where DriverSpace puts them)."""
-    model = CachingAllocatorModel()
+    blocks; without them, where `driver`, by default DriverSpace's slots, puts them)."""
+    model = CachingAllocatorModel(driver=driver)
     model.addresses = list(reversed(segment_addresses or []))
     blocks = {}
     for action, n, size in events:

@@ -478,9 +478,7 @@ class DataDependent(TorchDispatchMode):
         if part is None:
             return mask.numel()
         x, k = part
-        given = self.shares.get(x)
-        if given is None:
-            given = self.shares[x] = {}
+        given = self.shares.setdefault(x, {})
         if k not in given:
             given[k] = max(x.numel() - sum(given.values()), 0)
             self._note("bound:partition", "masks `x == k` on values the estimate does not have (a box's pyramid "

@@ -67,7 +67,7 @@ import torch
 from torch import nn
 
 from memdoctor.attribution import breakdown_at, live_blocks
-from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, DriverSpace, MiB
+from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, MiB, placements
 from memdoctor.cuda.kernel_scratch import Gpu
 from memdoctor.predict import cpu_standin
 from memdoctor.predict.math_attention import cuda_math_attention
@@ -374,12 +374,11 @@ def _replayed(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, con
     if dist_note:
         notes.append(dist_note)
     settled = fake.steps if settle else None
-    rep = replay(run, counted, CachingAllocatorModel(None, conf), sizes_of=sizes_of, steps=settled)
     # The driver's segment addresses break ties between equal free blocks, and its slot rule
-    # is read from a few traces (memdoctor.cuda.allocator_model.DriverSpace): replay the rule
-    # before it too, each segment right below the last, and report the higher.
-    packed = replay(run, counted, CachingAllocatorModel(None, conf, DriverSpace(slot=None)), sizes_of=sizes_of,
-                    steps=settled)
+    # is read from a few traces (memdoctor.cuda.allocator_model.DriverSpace): replay each
+    # segment right below the last too, and report the higher.
+    rep, packed = (replay(run, counted, CachingAllocatorModel(None, conf, driver), sizes_of=sizes_of, steps=settled)
+                   for driver in placements())
     if packed.peak_reserved != rep.peak_reserved:
         notes.append(_placement_note(rep, packed))
         if packed.peak_reserved > rep.peak_reserved:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, DriverSpace, ModelOOM
+from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, ModelOOM, placements
 from memdoctor.run import Action, CATEGORIES, Category, Run
 
 __all__ = ["Replay", "counted_blocks", "replay", "check_budget", "MAX_REPEATS"]
@@ -201,9 +201,9 @@ def check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int
     and the request retried before an OOM, as on a GPU), steady steps included: whether it
     fits, the OOM if not (where, and what asked), and the reserved peak under the cap. It
     fits only if it does with the driver's segments in slots and packed one below the other,
-    the two placements the estimate replays (memdoctor.cuda.allocator_model.DriverSpace)."""
+    the two placements the estimate replays (memdoctor.cuda.allocator_model.placements)."""
     result, reserved = None, 0
-    for driver in (DriverSpace(), DriverSpace(slot=None)):
+    for driver in placements():
         result = replay(run, counted, CachingAllocatorModel(budget, conf, driver), stop_on_oom=True,
                         sizes_of=sizes_of, steps=steps)
         reserved = max(reserved, result.peak_reserved)
