@@ -183,8 +183,40 @@ def test_a_branch_a_random_draw_decides_is_noted_as_differing_from_step_to_step(
         assert capped.fits is fits
 
 
+class NeverDrops(nn.Module):
+    """Whisper's LayerDrop with its default rate of 0.0: a draw is made, and the comparison
+    `rand < 0.0` never skips a layer; nor does `rand >= 1.0`."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(256, 256) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            if torch.rand([]) < 0.0 or torch.rand([]) >= 1.0:
+                continue
+            x = layer(x)
+        return x
+
+
+def test_a_comparison_the_draws_range_decides_is_no_branch_and_varies_no_step():
+    est = _estimate(NeverDrops, lambda: torch.randn(64, 256), lambda m, x: m(x).square().mean())
+    assert not [n for n in est.notes if "random draw" in n]
+    assert sum(1 for b in est.run.blocks.values() if b.name == "aten.addmm" and b.phase == "forward") >= 3
+    layerdrop = _estimate(LayerDrop, lambda: torch.randn(64, 256), lambda m, x: m(x).square().mean())
+    assert est.peak_reserved_bytes <= layerdrop.peak_reserved_bytes
+
+
+def test_a_uniform_draws_range_decides_only_comparisons_with_constants_outside_it():
+    from memdoctor.predict.random_draws import compare_range
+    for name, c, answer in (("lt", 0.0, False), ("le", -0.5, False), ("gt", -1.0, True), ("ge", 0.0, True),
+                            ("lt", 1.0, True), ("le", 1.0, True), ("gt", 1.0, False), ("ge", 2.0, False),
+                            ("lt", 0.5, None), ("le", 0.0, None), ("gt", 0.0, None), ("ge", 0.999, None)):
+        assert compare_range(name, 0.0, 1.0, c) is answer, (name, c)
+
+
 def test_the_steps_with_random_draws_varied_flip_each_branch_once():
-    from memdoctor.predict.data_dependent import MAX_DRAW_VARIANTS, draw_variants
+    from memdoctor.predict.random_draws import MAX_DRAW_VARIANTS, draw_variants
     assert draw_variants(0) == []
     assert draw_variants(3) == [{0}, {1}, {2}]
     many = draw_variants(20)

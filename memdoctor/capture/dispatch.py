@@ -13,21 +13,14 @@ those sums; the CUDA allocator source has no dispatch mode and sees the plain ru
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from memdoctor.run import Category, Phase
 from memdoctor.capture.frames import UserFrames
+from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
 from memdoctor.capture.oomlog import requested_bytes
 from memdoctor.capture.op_outputs import output_bytes
 from memdoctor.capture.recorder import Recorder, log
-
-try:
-    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy
-    from torch._C._dynamo.eval_frame import set_code_exec_strategy as _set_code_exec_strategy
-    _SKIP_ALL = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
-except (ImportError, AttributeError, TypeError):
-    _SKIP_ALL = None
 
 _in_backward = torch._C._current_graph_task_id
 _TEMP = Category.TEMPORARIES.value
@@ -44,14 +37,7 @@ _ZEROING = frozenset({"aten.zero_", "aten._foreach_zero_"})
 _GRADIENTS = Category.GRADIENTS.value
 
 
-class DispatchSource(TorchDispatchMode):
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """torch wraps a mode's __torch_dispatch__ in dynamo's disable, which imports torch._dynamo
-        on the first op (a second on a CPU) and costs a few microseconds an op; where the code
-        object can be marked for dynamo to skip instead (below the class), it is not wrapped."""
-        return _SKIP_ALL is None
-
+class DispatchSource(LeanDispatchMode):
     def __init__(self, recorder: Recorder):
         super().__init__()
         self.recorder = recorder
@@ -91,6 +77,8 @@ class DispatchSource(TorchDispatchMode):
                 super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is DEVICE_QUERY:        # allocates nothing (memdoctor.capture.lean_mode)
+            return device_query(args)
         known = self._plain.get(id(func))
         if known is not None and known[0] is not func:
             known = None
@@ -212,16 +200,6 @@ class DispatchSource(TorchDispatchMode):
                 ooms[-1].source = self._frames.here(3)
         except Exception as exc:        # memdoctor's failure must not change the OOM
             log.warning("memdoctor: the OOM's source line was not recorded: %r", exc)
-
-
-# Mark __torch_dispatch__ for dynamo to skip, itself and every frame it calls (what dynamo's
-# disable does, without importing dynamo and with no per-op cost); torch versions without the
-# call keep torch's own wrapper (_should_skip_dynamo).
-if _SKIP_ALL is not None:
-    try:
-        _set_code_exec_strategy(DispatchSource.__torch_dispatch__.__code__, _SKIP_ALL)
-    except Exception:           # torch's own wrapper then, as _should_skip_dynamo would have put it
-        DispatchSource.__torch_dispatch__ = torch._disable_dynamo(DispatchSource.__torch_dispatch__, recursive=True)
 
 
 # ---- storages resized in place ----------------------------------------------------------

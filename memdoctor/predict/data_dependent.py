@@ -42,11 +42,15 @@ import sys
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["DataDependent", "MAX_INT_NUMEL", "MAX_FLOAT_NUMEL", "MAX_DRAW_VARIANTS", "draw_variants"]
+from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
+from memdoctor.predict.random_draws import (COMPARISONS, MAX_DRAW_VARIANTS, RANDOM_DRAWS, UNIFORM_DRAWS,
+                                           compare_range, span)
+
+__all__ = ["DataDependent", "MAX_INT_NUMEL", "MAX_FLOAT_NUMEL"]
 
 MAX_INT_NUMEL = 1 << 24          # integer / bool tensors: masks, ids, labels, positions, routing
 MAX_FLOAT_NUMEL = 1 << 16        # floating tensors: a mask's additive form, rotary tables; not activations
@@ -73,21 +77,8 @@ _VALUE_FREE = {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros"
 # random draws of floating values: unknown during the step, so that a branch on one (LayerDrop's
 # `torch.rand([]) < layerdrop`, stochastic depth) takes the path that runs the layer, not the
 # luck of this process's CPU generator
-_RANDOM_DRAWS = {"rand", "randn", "rand_like", "randn_like", "normal", "uniform", "bernoulli", "exponential",
-                 "cauchy", "log_normal", "geometric"}
-# steps run with branches decided by random draws varied, at most (each flips one branch, or
-# every MAX_DRAW_VARIANTS-th one when there are more)
-MAX_DRAW_VARIANTS = 8
 # fake kernels stricter than the real ones: run on stand-ins of this dtype for the shape
 _DTYPE_STAND_INS = {"_grouped_mm": torch.bfloat16}
-
-
-def draw_variants(branches: int) -> list[frozenset[int]]:
-    """The steps to run after the plain ones when `branches` branches of a step are decided
-    by random draws: each flips one of them (a layer LayerDrop skips), or past
-    MAX_DRAW_VARIANTS, every MAX_DRAW_VARIANTS-th one."""
-    n = min(branches, MAX_DRAW_VARIANTS)
-    return [frozenset(range(v, branches, n)) for v in range(n)]
 
 
 def _device_to_cpu(x):
@@ -123,7 +114,7 @@ def _small(t: torch.Tensor) -> bool:
     return t.numel() <= limit
 
 
-class DataDependent(TorchDispatchMode):
+class DataDependent(LeanDispatchMode):
     """Known values of small tensors, and answers for data-dependent ops (module docstring)."""
 
     def __init__(self) -> None:
@@ -132,6 +123,7 @@ class DataDependent(TorchDispatchMode):
         self.assumed: WeakIdKeyDictionary = WeakIdKeyDictionary()     # fake tensor -> ops it was assumed from
         self.stale: set[int] = set()       # storages written with unknown values since their shadow was made
         self.drawn: WeakIdKeyDictionary = WeakIdKeyDictionary()       # small fake tensors made of random draws
+        # -> their range (low, high), where known
         self.parts: WeakIdKeyDictionary = WeakIdKeyDictionary()       # mask `x == k` on unknown x -> (x, k)
         self.shares: WeakIdKeyDictionary = WeakIdKeyDictionary()      # that x -> {k: elements its mask selects}
         self._notes: dict[str, str] = {}
@@ -186,6 +178,8 @@ class DataDependent(TorchDispatchMode):
 
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is DEVICE_QUERY:        # a tensor's device is no value it needs
+            return device_query(args)
         kwargs = kwargs or {}
         info = self._info.get(func)
         if info is None:
@@ -196,7 +190,7 @@ class DataDependent(TorchDispatchMode):
         known = self._all_known(args, kwargs)
         if not known and name in _VALUE_FREE:          # only the shapes matter: zeros stand in
             known = True
-        if known and self.noting and name in _RANDOM_DRAWS:
+        if known and self.noting and name in RANDOM_DRAWS:
             known = False
         try:
             out = func(*args, **kwargs)
@@ -218,11 +212,31 @@ class DataDependent(TorchDispatchMode):
                 self._assume_spread(func, name, args, out)
             elif name == "eq":
                 self._note_part(args, out)
-            if self.noting and (name in _RANDOM_DRAWS or (len(self.drawn) and self._any_drawn(args))):
+            if self.noting and (name in RANDOM_DRAWS or (len(self.drawn) and self._any_drawn(args))):
+                if name in COMPARISONS and self._decided(name, args, out):
+                    return out
+                bounds = span(name, args) if name in UNIFORM_DRAWS else None
                 for o in tree_flatten(out)[0]:
                     if isinstance(o, FakeTensor) and _small(o):
-                        self.drawn[o] = True
+                        self.drawn[o] = bounds
         return out
+
+    def _decided(self, name: str, args, out) -> bool:
+        """Keep the answer of `draw < c` (<=, >, >=) as known values where the draw's range
+        decides it: a branch that cannot go either way is not one the estimate varies."""
+        if len(args) != 2 or not isinstance(args[0], FakeTensor) or not isinstance(out, FakeTensor) \
+                or isinstance(args[1], bool) or not isinstance(args[1], (int, float)):
+            return False
+        bounds = self.drawn.get(args[0])
+        if bounds is None:
+            return False
+        answer = compare_range(name, bounds[0], bounds[1], float(args[1]))
+        if answer is None:
+            return False
+        with _real():
+            real = torch.full(tuple(out.shape), answer, dtype=torch.bool)
+        self.remember(out, real)
+        return True
 
     def _any_drawn(self, args) -> bool:
         """Whether a tensor argument was made of random draws (a LayerDrop's `torch.rand([])`)."""

@@ -71,7 +71,8 @@ from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorMode
 from memdoctor.cuda.kernel_scratch import Gpu
 from memdoctor.predict import cpu_standin
 from memdoctor.predict.math_attention import cuda_math_attention
-from memdoctor.predict.data_dependent import DataDependent, draw_variants
+from memdoctor.predict.data_dependent import DataDependent
+from memdoctor.predict.random_draws import draw_variants
 from memdoctor.predict.eager_libraries import eager
 from memdoctor.predict.fused_rnn import cudnn_rnns
 from memdoctor.predict.anchors import compute_anchors

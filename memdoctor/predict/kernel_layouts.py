@@ -18,7 +18,8 @@ same shape and dtype before anything records it.
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
 
 __all__ = ["KernelLayouts"]
 
@@ -41,10 +42,12 @@ _RULES = {aten.native_layer_norm.default: _first_contiguous,
           aten.native_layer_norm_backward.default: _first_contiguous}
 
 
-class KernelLayouts(TorchDispatchMode):
+class KernelLayouts(LeanDispatchMode):
     """Give the outputs of the ops in _RULES the layout their device kernels give them."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is DEVICE_QUERY:
+            return device_query(args)
         out = func(*args, **(kwargs or {}))
         rule = _RULES.get(func)
         return out if rule is None else rule(out)

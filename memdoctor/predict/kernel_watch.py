@@ -10,8 +10,8 @@ the Run."""
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
 from memdoctor.cuda.blas_workspaces import (  # noqa: F401  (re-exported: the estimate's notes)
     CUBLASLT_WORKSPACE_BYTES, cublas_workspace_bytes, cublaslt_workspace_bytes, local_gpu_is_sm90)
 from memdoctor.cuda.kernel_scratch import scratch_for
@@ -43,7 +43,7 @@ LT_OPS = _ops(_LT_OPS)
 _ADDMM = _ops(["addmm"])
 
 
-class KernelWatch(TorchDispatchMode):
+class KernelWatch(LeanDispatchMode):
     """Note where the first cuBLAS (and cuBLASLt) call of each thread happens (the event
     index just after the op's outputs were allocated), and, with a `gpu`, the scratch
     memory each op's CUDA kernel would take (memdoctor.cuda.kernel_scratch) with the event
@@ -68,6 +68,8 @@ class KernelWatch(TorchDispatchMode):
         self.work = WorkCounter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is DEVICE_QUERY:        # no kernel, no memory (memdoctor.capture.lean_mode)
+            return device_query(args)
         before = len(self.run.actions)
         out = func(*args, **(kwargs or {}))
         packet = func.overloadpacket
