@@ -7,7 +7,8 @@ cores), fits the five constants by a grid search on the log error, and prints an
 predicted against measured seconds with the fitted constants to
 results/step_time_fit_<hardware>_<date>.json.
 
-    python benchmarks/step_time_fit.py
+    python benchmarks/step_time_fit.py             # work counts read from the newest result
+    python benchmarks/step_time_fit.py --recount   # counted again (after a change to what counts as an op)
 """
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def fit(rows: list[dict]):
     def grid(lo: float, hi: float, n: int):
         return lo * (hi / lo) ** (np.arange(n) / (n - 1))
 
-    op_s, launch, mode, f16, f32, bw = np.meshgrid(grid(1e-6, 10e-6, 21), grid(20e-6, 1e-3, 9),
+    op_s, launch, mode, f16, f32, bw = np.meshgrid(grid(1e-6, 30e-6, 25), grid(20e-6, 1e-3, 9),
                                                    grid(5e-6, 200e-6, 11),
                                                    grid(150e12, 900e12, 15), grid(20e12, 120e12, 9),
                                                    grid(1e12, 40e12, 15), indexing="ij")
@@ -109,9 +110,10 @@ def fit(rows: list[dict]):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", help="output folder (default benchmarks/results)")
+    ap.add_argument("--recount", action="store_true", help="count each plan's work again, not from the newest result")
     args = ap.parse_args(argv)
     from memdoctor.predict.step_time import H200
-    cache = cached_work()
+    cache = {} if args.recount else cached_work()
     rows = measured_rows()
     for r in rows:
         r["work"] = work_of(r, cache)
