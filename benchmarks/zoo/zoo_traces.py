@@ -3,6 +3,7 @@ frees of a configuration's training steps next to the estimate's, both replayed 
 memdoctor's allocator model.
 
     python benchmarks/zoo/zoo_traces.py --out DIR llama/ckpt/b4 falcon/bf16/b8   # on a GPU
+    python benchmarks/zoo/zoo_traces.py --seed 6 --out DIR hubert/fp32/b4       # a seed's draws (LayerDrop)
 
 For each zoo id (ARCH/MODE/bBATCH), in a fresh process: the real steps under
 torch.cuda.memory._record_memory_history, then the estimate with its allocator model's
@@ -43,13 +44,13 @@ def _row(cid: str) -> dict:
     raise SystemExit(f"no zoo configuration {cid}")
 
 
-def _real(row: dict) -> dict:
+def _real(row: dict, seed: int = 0) -> dict:
     import torch
 
     from memdoctor.predict.fake_step import train_step
     from memdoctor.remedies import prepare
     from zoo_models import build
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=5_000_000)
     with torch.device("cuda"):
         model, optimizer, batch, loss_fn = build(row["arch"], row["batch"], own_checkpointing=row["own_checkpointing"])
@@ -151,15 +152,15 @@ def first_difference(real: list, predicted: list) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def child(cid: str, out: Path) -> dict:
+def child(cid: str, out: Path, seed: int = 0) -> dict:
     row = _row(cid)
-    real = _real(row)
+    real = _real(row, seed)
     pred = _predicted(row)
     model = replay_trace(real["events"])
     at_gpu_addresses = replay_trace(real["events"], [addr for _, addr, _ in real["segment_addresses"]])
     out.mkdir(parents=True, exist_ok=True)
-    (out / (cid.replace("/", "_") + ".json.gz")).write_bytes(
-        gzip.compress(json.dumps({"id": cid, "real": real, "predicted": pred}, separators=(",", ":")).encode()))
+    (out / (cid.replace("/", "_") + (f"_seed{seed}" if seed else "") + ".json.gz")).write_bytes(
+        gzip.compress(json.dumps({"id": cid, "seed": seed, "real": real, "predicted": pred}, separators=(",", ":")).encode()))
     return {"id": cid, "gpu": [real["max_allocated"], real["max_reserved"]],
             "model_on_gpu_requests": [model.peak_allocated, model.peak_reserved],
             "model_on_gpu_requests_and_addresses": [at_gpu_addresses.peak_allocated, at_gpu_addresses.peak_reserved],
@@ -172,13 +173,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ids", nargs="+")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0, help="the seed of the GPU's run (default 0)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("TRACE_RESULT " + json.dumps(child(args.ids[0], Path(args.out))))
+        print("TRACE_RESULT " + json.dumps(child(args.ids[0], Path(args.out), args.seed)))
         return 0
     for cid in args.ids:
-        proc = subprocess.run([sys.executable, __file__, "--child", "--out", args.out, cid], capture_output=True,
+        proc = subprocess.run([sys.executable, __file__, "--child", "--out", args.out, "--seed", str(args.seed), cid],
+                              capture_output=True,
                               text=True, timeout=300)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TRACE_RESULT ")]
         print(lines[-1][13:] if lines else f"{cid}: failed: {proc.stderr.strip()[-3000:]}", flush=True)
