@@ -39,11 +39,7 @@ def _script(prefix):
     return name, exp[name]
 
 
-def _params():
-    return [pytest.param(p, marks=pytest.mark.whole_gpu) if p == "s10" else p for p in SCENARIOS]
-
-
-@pytest.mark.parametrize("prefix", _params())
+@pytest.mark.parametrize("prefix", SCENARIOS)
 def test_diagnose_names_the_cause_first(prefix, tmp_path):
     name, exp = _script(prefix)
     path = shared_path("scenarios", name)

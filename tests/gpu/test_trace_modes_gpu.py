@@ -26,9 +26,8 @@ def _case(prefix):
 # whole request from the op's outputs (memdoctor.capture.op_outputs).
 def _cases():
     for prefix in SCENARIOS:
-        marks = [pytest.mark.whole_gpu] if prefix == "s10" else []
-        yield pytest.param(prefix, ["--light"], id=f"{prefix}-light", marks=marks)
-        yield pytest.param(prefix, ["--source", "dispatch"], id=f"{prefix}-dispatch", marks=marks)
+        yield pytest.param(prefix, ["--light"], id=f"{prefix}-light")
+        yield pytest.param(prefix, ["--source", "dispatch"], id=f"{prefix}-dispatch")
 
 
 @pytest.mark.parametrize("prefix,how", list(_cases()))
