@@ -74,9 +74,6 @@ _INTERNAL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.d
 # ops whose output values do not depend on their tensor inputs' values (only on their shapes)
 _VALUE_FREE = {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones", "new_full",
                "new_empty", "new_empty_strided", "rand_like", "randn_like", "randint_like"}
-# random draws of floating values: unknown during the step, so that a branch on one (LayerDrop's
-# `torch.rand([]) < layerdrop`, stochastic depth) takes the path that runs the layer, not the
-# luck of this process's CPU generator
 # fake kernels stricter than the real ones: run on stand-ins of this dtype for the shape
 _DTYPE_STAND_INS = {"_grouped_mm": torch.bfloat16}
 
@@ -122,8 +119,8 @@ class DataDependent(LeanDispatchMode):
         self.values: WeakIdKeyDictionary = WeakIdKeyDictionary()      # fake tensor -> real CPU tensor
         self.assumed: WeakIdKeyDictionary = WeakIdKeyDictionary()     # fake tensor -> ops it was assumed from
         self.stale: set[int] = set()       # storages written with unknown values since their shadow was made
-        self.drawn: WeakIdKeyDictionary = WeakIdKeyDictionary()       # small fake tensors made of random draws
-        # -> their range (low, high), where known
+        # small fake tensors made of random draws -> their values' range (low, high), or None
+        self.drawn: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.parts: WeakIdKeyDictionary = WeakIdKeyDictionary()       # mask `x == k` on unknown x -> (x, k)
         self.shares: WeakIdKeyDictionary = WeakIdKeyDictionary()      # that x -> {k: elements its mask selects}
         self._notes: dict[str, str] = {}

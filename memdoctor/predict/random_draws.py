@@ -12,6 +12,9 @@ from __future__ import annotations
 __all__ = ["COMPARISONS", "MAX_DRAW_VARIANTS", "RANDOM_DRAWS", "UNIFORM_DRAWS", "compare_range", "draw_variants",
            "span"]
 
+# random draws of floating values: unknown during the step, so that a branch on one (LayerDrop's
+# `torch.rand([]) < layerdrop`, stochastic depth) takes the path that runs the layer, not the
+# luck of this process's CPU generator
 RANDOM_DRAWS = {"rand", "randn", "rand_like", "randn_like", "normal", "uniform", "bernoulli", "exponential",
                 "cauchy", "log_normal", "geometric"}
 
