@@ -55,3 +55,21 @@ def test_the_answer_is_fake_tensors_own_device():
         assert device_query((t,)) == torch.device("meta")
     real = torch.empty(2)
     assert device_query((real,)) == torch.device("cpu")
+
+
+def test_memdoctors_dispatch_modes_run_unwrapped_and_dynamo_skips_them():
+    """torch would wrap each mode's __torch_dispatch__ in dynamo's disable (a wrapper per op);
+    where the code object can be marked for dynamo to skip, each of memdoctor's four modes
+    runs its own function, marked so."""
+    from memdoctor.capture import lean_mode
+    from memdoctor.capture.dispatch import DispatchSource
+    from memdoctor.predict.data_dependent import DataDependent
+    from memdoctor.predict.kernel_layouts import KernelLayouts
+    from memdoctor.predict.kernel_watch import KernelWatch
+    for mode in (DispatchSource, DataDependent, KernelLayouts, KernelWatch):
+        own = mode.__dict__["__torch_dispatch__"]
+        if lean_mode._SKIP_ALL is None:          # a torch without the call: torch's own wrapper
+            assert getattr(own, "_torchdynamo_disable", False), mode
+        else:
+            assert not hasattr(own, "_torchdynamo_orig_callable"), mode
+            assert own.__code__.co_name == "__torch_dispatch__", mode
