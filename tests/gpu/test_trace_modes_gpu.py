@@ -1,7 +1,7 @@
 """The cheaper ways of tracing on CUDA name the same cause: every scenario under its CUDA
 budget, traced in light mode (the allocator's history and the models' own hooks only) and
 under the dispatch source, gives the expected first finding, as the default tracing does
-(tests/gpu/test_scenarios_gpu.py)."""
+(tests/gpu/test_scenarios_gpu.py; s10's tests, as there, with no other process on the GPU)."""
 import json
 import subprocess
 import sys
