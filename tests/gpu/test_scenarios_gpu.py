@@ -2,9 +2,8 @@
 expected cause ranked first.
 
 s10 starts a neighbour process that takes all of the GPU's memory but the scenario's budget:
-run its tests
-with no other process on the GPU (`pytest tests/gpu -k s10`, not under `-n`; the rest run
-side by side with `-n 8 -k "not s10"`)."""
+run its tests with no other process on the GPU (`pytest tests/gpu -k s10`, not under `-n`;
+the rest run side by side with `-n 8 -k "not s10"`)."""
 import json
 import subprocess
 import sys
