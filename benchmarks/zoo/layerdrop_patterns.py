@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +26,7 @@ for path in (ROOT, ROOT / "benchmarks", HERE):
 
 import resultfile  # noqa: E402
 import zoo_accuracy  # noqa: E402
+from zoo_seeds import child_result  # noqa: E402
 
 TAG = "LAYERDROP "
 
@@ -85,13 +84,7 @@ def estimate_with(row: dict, skipped: list[list[int]]) -> dict:
 
 
 def _child(cmd_args: list[str]) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), *cmd_args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=str(ROOT))
-    for line in proc.stdout.splitlines():
-        if line.startswith(TAG):
-            return json.loads(line[len(TAG):])
-    return {"error": " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])[:400]}
+    return child_result(str(Path(__file__).resolve()), cmd_args, TAG)
 
 
 def main(argv: list[str] | None = None) -> int:

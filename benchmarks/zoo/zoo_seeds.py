@@ -44,17 +44,24 @@ def _child(row: dict, seed: int) -> dict:
     return zoo_accuracy._measure(row)
 
 
-def _run(row: dict, seed: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(row), "--seed", str(seed)]
+def child_result(script: str, args: list[str], tag: str, timeout: float = 300) -> dict:
+    """Run `script args` in a fresh Python process: the JSON it prints after `tag`, or
+    {"error": its last lines}."""
+    cmd = [sys.executable, script, *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=str(ROOT))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
     except subprocess.TimeoutExpired:
-        return {"seed": seed, "error": "no result within 300 s"}
+        return {"error": f"no result within {timeout:.0f} s"}
     for line in proc.stdout.splitlines():
-        if line.startswith(TAG):
-            return {"seed": seed, **json.loads(line[len(TAG):])}
-    return {"seed": seed, "error": " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])[:400]}
+        if line.startswith(tag):
+            return json.loads(line[len(tag):])
+    return {"error": " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])[:400]}
+
+
+def _run(row: dict, seed: int) -> dict:
+    args = ["--child", json.dumps(row), "--seed", str(seed)]
+    return {"seed": seed, **child_result(str(Path(__file__).resolve()), args, TAG)}
 
 
 def _pct(predicted, measured):

@@ -129,9 +129,9 @@ class DriverSpace:
     What it leaves out: where the driver puts a process's first few hundred MiB (it may fill
     them upwards), and memory mapped by anything besides the caching allocator (cuBLAS,
     cuDNN and NCCL handles, loaded kernels), which takes addresses between segments. The
-    rule is read from 19 recorded traces; with `slot=None` each segment goes right below the
-    last, a plainer rule that the estimate replays as well, reporting the higher of the two
-    (memdoctor.predict.estimate)."""
+    rule is read from recorded traces (the GPU's bytes on 18 of 21: benchmarks/placement_replay.py);
+    with `slot=None` each segment goes right below the last, a plainer rule that the estimate
+    replays as well, reporting the higher of the two (memdoctor.predict.estimate)."""
 
     def __init__(self, top: int = 1 << 48, slot: int | None = SLOT):
         self.bottom = top
