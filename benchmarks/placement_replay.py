@@ -1,7 +1,8 @@
 """Where the CUDA driver maps new segments, against the GPU: each recorded trace's own
 requests (and the estimate's, where the trace has them) replayed through the allocator model
-with the driver's 32 MiB slots, with each segment right below the last, and with the
-addresses the GPU's driver really gave (memdoctor.cuda.allocator_model.DriverSpace).
+with each placement the estimate replays (memdoctor.cuda.allocator_model.placements: the
+driver's rule, its 32 MiB slots alone, each segment right below the last), and with the
+addresses the GPU's driver really gave.
 
     python benchmarks/placement_replay.py tests/fixtures/*/*.json.gz benchmarks/results/zoo_traces_h200_2026-12-02/*.json.gz
 
@@ -33,14 +34,14 @@ def row(path: Path) -> dict | None:
     real = data.get("real", data)
     if "events" not in real:
         return None
-    slots, packed = (replay_trace(real["events"], driver=d).peak_reserved for d in placements())
-    out = {"trace": path.name, "gpu_reserved": real["max_reserved"], "slots": slots, "packed": packed}
+    out = {"trace": path.name, "gpu_reserved": real["max_reserved"],
+           **{name: replay_trace(real["events"], driver=d).peak_reserved for name, d in placements().items()}}
     if real.get("segment_addresses"):
         out["recorded_addresses"] = replay_trace(real["events"], [a for _n, a, _s in real["segment_addresses"]]
                                                  ).peak_reserved
     if "events" in data.get("predicted", {}):
-        out["estimate_slots"], out["estimate_packed"] = (replay_trace(data["predicted"]["events"], driver=d).peak_reserved
-                                                         for d in placements())
+        out.update({f"estimate_{name}": replay_trace(data["predicted"]["events"], driver=d).peak_reserved
+                    for name, d in placements().items()})
     return out
 
 
@@ -52,14 +53,15 @@ def main(argv=None) -> int:
     rows = [r for r in (row(Path(p)) for p in args.traces) if r is not None]
     for r in rows:
         marks = {k: "=" if r[k] == r["gpu_reserved"] else f"{100 * (r[k] / r['gpu_reserved'] - 1):+.1f}%"
-                 for k in ("slots", "packed", "recorded_addresses") if k in r}
+                 for k in (*placements(), "recorded_addresses") if k in r}
         print(f"{r['trace']:42s} GPU {r['gpu_reserved'] / GiB:7.3f} GiB  "
               + "  ".join(f"{k} {v}" for k, v in marks.items()))
-    summary = {k: sum(r[k] == r["gpu_reserved"] for r in rows) for k in ("slots", "packed")}
-    summary["higher_of_the_two"] = sum(max(r["slots"], r["packed"]) == r["gpu_reserved"] for r in rows)
+    names = list(placements())
+    summary = {k: sum(r[k] == r["gpu_reserved"] for r in rows) for k in names}
+    summary["highest"] = sum(max(r[k] for k in names) == r["gpu_reserved"] for r in rows)
     summary["traces"] = len(rows)
-    print(f"\nexact on {summary['traces']} traces: slots {summary['slots']}, packed {summary['packed']}, "
-          f"the higher of the two {summary['higher_of_the_two']}")
+    print(f"\nexact on {summary['traces']} traces: " + ", ".join(f"{k} {summary[k]}" for k in names)
+          + f", the highest of them {summary['highest']}")
     print("written:", resultfile.save("placement_replay", resultfile.hardware("cpu"), {"rows": rows,
                                                                                       "summary": summary}, args.out))
     return 0

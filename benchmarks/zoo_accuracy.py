@@ -26,6 +26,8 @@ fake tensors, and cuDNN's measured RNN sizes with the bound used without a GPU.
     python benchmarks/zoo_accuracy.py --only llama lstm     # some architectures
     python benchmarks/zoo_accuracy.py --only wav2vec2 hubert --steps 30    # LayerDrop: many steps
     python benchmarks/zoo_accuracy.py --dry-run             # estimates only, no GPU (CPU stands in for CUDA)
+    python benchmarks/zoo_accuracy.py --measured RESULT     # estimate anew on a GPU's machine, against the peaks
+                                                            # an earlier result measured (the models train alike)
 
 Writes zoo_accuracy_<hardware>_<date>.json (benchmarks/results, or --out) with the command,
 commit and versions, a row per configuration and the summary (median and worst |error|,
@@ -155,6 +157,7 @@ def _estimate(row: dict) -> dict:
         est = estimate_config(script=str(ZOO_SCRIPT), script_args=_script_args(row), plan=row["plan"])
         return {"predicted_allocated_bytes": est.peak_allocated_bytes,
                 "predicted_reserved_bytes": est.peak_reserved_bytes,
+                "reserved_by_placement": est.reserved_by_placement,
                 "estimate_seconds": round(est.elapsed_s, 2), "peak_phase": est.peak_phase,
                 "params": est.params, "simulated_on": est.simulated_on,
                 "notes": [n[:400] for n in est.notes]}
@@ -286,7 +289,7 @@ def _rnn_checks() -> list[dict]:
 # ----------------------------------------------------------------------- the pool
 def _run_child(row: dict, args, deadline: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(row)]
-    if args.dry_run:
+    if args.dry_run or args.measured:
         cmd.append("--dry-run")
     if args.no_memtracker:
         cmd.append("--no-memtracker")
@@ -337,7 +340,7 @@ def run_pool(rows: list[dict], args, deadline: float, save) -> list[dict]:
     def job(row):
         if time.perf_counter() > deadline - 20:
             return {**row, "child_error": "not run: time budget"}
-        if not args.dry_run:
+        if not (args.dry_run or args.measured):
             _wait_for_room(lock, deadline)
             time.sleep(1.0)              # let the last one started claim its memory before the next looks
         return _run_child(row, args, deadline)
@@ -499,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=STEPS,
                     help=f"training steps measured (default {STEPS}; more for a model whose steps draw at random)")
     ap.add_argument("--resume", metavar="RESULT", help="keep the configurations this earlier result has, run the rest")
+    ap.add_argument("--measured", metavar="RESULT", help="estimate only, and take the measured peaks from this "
+                    "earlier result (its rows' commits kept as measured_at)")
     ap.add_argument("--list", action="store_true", help="list the zoo and exit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-checks", action="store_true", help=argparse.SUPPRESS)
@@ -529,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
     hw = resultfile.hardware("cuda" if gpu else "cpu")
     rows = [{**r, "measure_steps": args.steps} for r in configs(args.only, args.modes)]
     previous = json.loads(Path(args.resume).read_text()) if args.resume else {}
+    measured = _measured_rows(args.measured) if args.measured else {}
+    if measured:
+        rows = [r for r in rows if r["id"] in measured]
     kept = _resumed(previous, rows)
     rows = [r for r in rows if r["id"] not in {k["id"] for k in kept}]
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
@@ -551,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         check_thread.start()
 
     def save(done: list[dict], partial: bool = False) -> Path:
-        full = [_with_errors(r) for r in kept + done]
+        full = [_with_errors({**r, **measured.get(r["id"], {})}) for r in kept + done]
         data = {"env": env, "dry_run": args.dry_run, "partial": partial, "elapsed_s": round(time.perf_counter() - t0, 1),
                 "summary": summarize(full, args.dry_run), "checks": checks_result, "configs": full}
         return resultfile.save("zoo_accuracy", hw, data, out=args.out)
@@ -561,12 +569,24 @@ def main(argv: list[str] | None = None) -> int:
     if check_thread is not None:
         check_thread.join(timeout=max(1.0, deadline + 60 - time.perf_counter()))
         checks_result = holder.get("result")
-    full = [_with_errors(r) for r in kept + done]
+    full = [_with_errors({**r, **measured.get(r["id"], {})}) for r in kept + done]
     path = save(done)
     summary = summarize(full, args.dry_run)
     print("\n".join(summary_lines(summary, checks_result, time.perf_counter() - t0)))
     print(f"written: {path}")
     return 0
+
+
+MEASURED_FIELDS = ("measured_allocated_bytes", "measured_reserved_bytes", "alloc_retries", "measure_seconds",
+                   "measure_error", "measure_steps")
+
+
+def _measured_rows(path: str) -> dict[str, dict]:
+    """Each configuration's measurement in an earlier result, with the commit it was measured at."""
+    data = json.loads(Path(path).read_text())
+    commit = str(data.get("commit", "")).split()[0]
+    return {r["id"]: {**{k: r[k] for k in MEASURED_FIELDS if k in r}, "measured_at": r.get("measured_at", commit)}
+            for r in data.get("configs", []) if r.get("measured_allocated_bytes") or r.get("measure_error")}
 
 
 def _resumed(previous: dict, rows: list[dict]) -> list[dict]:

@@ -114,11 +114,13 @@ def _predicted(row: dict) -> dict:
             current[1] = item[3]
             yield item
     numbers: dict[int, int] = {}        # id of a live block -> its allocation number
+    models: list = []
     real_malloc, real_free = allocator_model.CachingAllocatorModel.malloc, allocator_model.CachingAllocatorModel.free
 
     def malloc(self, nbytes):
         block = real_malloc(self, nbytes)
-        if self.capacity is None and block is not None and self.driver.slot is not None:   # not the packed replay
+        if self.capacity is None and block is not None and self.driver.first_chunk:    # the driver rule's replay
+            models.append(self)                 # kept, so that no later model reuses its id
             log, labels = logs.setdefault(id(self), ([], []))
             numbers[id(block)] = len(labels)
             log.append([1, len(labels), int(nbytes)])

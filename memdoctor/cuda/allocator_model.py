@@ -13,8 +13,9 @@ What it mirrors (the native allocator, one device, one stream, no expandable seg
 - a request takes the best-fitting free block of its pool: the smallest that is large
   enough, the lowest address among equals (`get_free_block`, a lower_bound on
   (size, address)); so equal blocks tie as on a GPU, new segments get the addresses the
-  CUDA driver gives them (`DriverSpace`: each a slot of its size rounded up to 32 MiB,
-  below the slots before it; a later segment that fits in a slot's unused top goes there);
+  CUDA driver gives them (`DriverSpace`: the first side by side in the process's first
+  chunk of addresses, then each in a slot of its size rounded up to 32 MiB, below the slots
+  before it; a later segment takes the lowest place that fits);
 - the block is split when what remains is worth keeping: >= 512 bytes in the small pool,
   > 1 MiB in the large pool (`should_split`); otherwise the whole block is handed out and
   counts as allocated, which is why `max_memory_allocated()` can exceed the bytes asked for;
@@ -115,37 +116,46 @@ class ModelOOM(Exception):
 
 
 SLOT = 32 * MiB                 # the driver maps each new segment in a slot of a multiple of this
+FIRST_CHUNK = 414 * MiB         # what the driver's first 512 MiB of a process leaves for segments
+FIRST_CHUNK_LARGEST = 256 * MiB  # segments above this never go there
 
 
 class DriverSpace:
     """The device addresses the CUDA driver gives new segments, as measured on the H200
-    (benchmarks/zoo/zoo_traces.py records them): each segment takes a slot of its size
-    rounded up to 32 MiB, slots go downwards from the ones before, and a later segment that
-    fits in what a slot leaves unused (the top of a 16 or 20 MiB segment's 32 MiB) takes the
-    lowest such place. The address order matters because the allocator breaks ties between
-    equal free blocks by address: two 16 MiB segments sharing a slot are in ascending order,
-    and whichever is split first decides which whole segment is left for a later request.
+    (benchmarks/zoo/zoo_traces.py records them). A process's first 512 MiB of addresses hold
+    its first segments, side by side upwards from the bottom, less the top 98 MiB the driver
+    and libraries take first (`first_chunk`; a segment over 256 MiB never goes there). Below
+    it each segment takes a slot of its size rounded up to 32 MiB, each slot below the ones
+    before. A new segment takes the lowest place that fits: the unused top of a slot (a 16 or
+    20 MiB segment leaves 16 or 12 MiB), the first chunk's free space, else a new slot.
 
-    What it leaves out: where the driver puts a process's first few hundred MiB (it may fill
-    them upwards), and memory mapped by anything besides the caching allocator (cuBLAS,
-    cuDNN and NCCL handles, loaded kernels), which takes addresses between segments. The
-    rule is read from recorded traces (the GPU's bytes on 18 of 21: benchmarks/placement_replay.py);
-    with `slot=None` each segment goes right below the last, a plainer rule that the estimate
-    replays as well, reporting the higher of the two (memdoctor.predict.estimate)."""
+    The address order matters because the allocator breaks ties between equal free blocks by
+    address: whichever segment is split first decides which whole one is left for a later
+    request, and that can change the reserved peak by a sixth (DeBERTa-v2).
 
-    def __init__(self, top: int = 1 << 48, slot: int | None = SLOT):
-        self.bottom = top
+    What it leaves out: memory mapped by anything besides the caching allocator (loaded
+    kernels, library handles), which takes addresses between segments. The rule is read from
+    recorded traces (benchmarks/placement_replay.py replays them); `first_chunk=0` gives the
+    slots alone and `slot=None` each segment right below the last, plainer rules the estimate
+    replays as well (`placements`)."""
+
+    def __init__(self, top: int = 1 << 48, slot: int | None = SLOT, first_chunk: int = FIRST_CHUNK):
+        self.bottom = top - first_chunk
         self.slot = slot
+        self.first_chunk = first_chunk
         self.spare: list[tuple[int, int]] = []      # (address, bytes) unused in slots, sorted
+        self.chunk_start = self.bottom
+        self.chunk: list[tuple[int, int]] = [(self.bottom, first_chunk)] if first_chunk else []
 
     def place(self, size: int) -> int:
-        for i, (addr, free) in enumerate(self.spare):
-            if free >= size:
-                if free > size:
-                    self.spare[i] = (addr + size, free - size)
-                else:
-                    del self.spare[i]
-                return addr
+        for places in self._lowest_first(size):
+            for i, (addr, free) in enumerate(places):
+                if free >= size:
+                    if free > size:
+                        places[i] = (addr + size, free - size)
+                    else:
+                        del places[i]
+                    return addr
         if self.slot is None:                       # right below the last, never adjacent
             self.bottom -= size + K_ROUND_LARGE
             return self.bottom
@@ -155,14 +165,20 @@ class DriverSpace:
             bisect.insort(self.spare, (self.bottom + size, slot - size))
         return self.bottom
 
+    def _lowest_first(self, size: int) -> list[list[tuple[int, int]]]:
+        """The lists of free places to search in address order: the slots' tops lie below
+        the first chunk."""
+        return [self.spare, self.chunk] if size <= FIRST_CHUNK_LARGEST else [self.spare]
+
     def release(self, addr: int, size: int) -> None:
-        bisect.insort(self.spare, (addr, size))
+        bisect.insort(self.chunk if addr >= self.chunk_start else self.spare, (addr, size))
 
 
-def placements() -> tuple[DriverSpace, DriverSpace]:
-    """The two placements the estimate replays: the driver's slots, and each segment right
-    below the last; it reports the higher reserved peak of the two."""
-    return DriverSpace(), DriverSpace(slot=None)
+def placements() -> dict[str, DriverSpace]:
+    """The placements the estimate replays, by name: the driver's rule first, then its slots
+    alone and each segment right below the last; it reports the highest reserved peak."""
+    return {"driver": DriverSpace(), "slots": DriverSpace(first_chunk=0),
+            "packed": DriverSpace(slot=None, first_chunk=0)}
 
 
 class Block:

@@ -108,6 +108,8 @@ __all__ = ["Estimate", "EstimateError", "estimate", "estimate_built", "CUDA_CONT
 # only created its context and run a matmul. It is outside the allocator's counters, so it
 # is reported apart and never added to the predicted peak.
 CUDA_CONTEXT_BYTES = 500 * MiB
+PLACEMENT_NAMES = {"driver": "with the driver's first chunk and slots", "slots": "in 32 MiB slots alone",
+                   "packed": "with each segment right below the last"}
 
 
 class EstimateError(ValueError):
@@ -199,9 +201,12 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     est = _estimate_of(run, rep, plain.counted, fake, target, steps, notes=notes, workspace_bytes=plain.workspaces,
                        cuda_context_bytes=context if target.device == "cuda" else 0, plan=str(plan),
                        world_size=world_size, budget_bytes=budget)
+    est.reserved_by_placement = dict(plain.placement_peaks)
     if varied is not None:
         est.peak_allocated_bytes = max(est.peak_allocated_bytes, varied.rep.peak_allocated)
         est.peak_reserved_bytes = max(est.peak_reserved_bytes, varied.rep.peak_reserved)
+        est.reserved_by_placement = {name: max(peak, varied.placement_peaks[name])
+                                     for name, peak in plain.placement_peaks.items()}
     if budget is not None:
         est.fits, est.oom, est.budget_peak_reserved_bytes = plain.check(conf, budget)
         if varied is not None and est.fits:
@@ -360,6 +365,7 @@ class _Replayed:
     settled: int | None
     rep: Replay
     workspaces: int
+    placement_peaks: dict[str, int]
 
     def check(self, conf: AllocatorConfig, budget: int):
         return check_budget(self.run, self.counted, conf, budget, self.sizes_of, self.settled)
@@ -375,22 +381,21 @@ def _replayed(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, con
     if dist_note:
         notes.append(dist_note)
     settled = fake.steps if settle else None
-    # The driver's segment addresses break ties between equal free blocks, and its slot rule
-    # is read from a few traces (memdoctor.cuda.allocator_model.DriverSpace): replay each
-    # segment right below the last too, and report the higher.
-    rep, packed = (replay(run, counted, CachingAllocatorModel(None, conf, driver), sizes_of=sizes_of, steps=settled)
-                   for driver in placements())
-    if packed.peak_reserved != rep.peak_reserved:
-        notes.append(_placement_note(rep, packed))
-        if packed.peak_reserved > rep.peak_reserved:
-            rep = packed
-    return _Replayed(run, counted, sizes_of, settled, rep, workspaces)
+    # The driver's segment addresses break ties between equal free blocks, and its rule is read
+    # from a few traces (memdoctor.cuda.allocator_model.DriverSpace): replay plainer rules too.
+    reps = {name: replay(run, counted, CachingAllocatorModel(None, conf, driver), sizes_of=sizes_of, steps=settled)
+            for name, driver in placements().items()}
+    rep = max(reps.values(), key=lambda r: r.peak_reserved)
+    if len({r.peak_reserved for r in reps.values()}) > 1:
+        notes.append(_placement_note(reps))
+    return _Replayed(run, counted, sizes_of, settled, rep, workspaces,
+                     {name: r.peak_reserved for name, r in reps.items()})
 
 
-def _placement_note(slots: Replay, packed: Replay) -> str:
+def _placement_note(reps: dict[str, Replay]) -> str:
+    peaks = ", ".join(f"{PLACEMENT_NAMES[name]} {format_bytes(r.peak_reserved)}" for name, r in reps.items())
     return (f"segment addresses: where the driver maps new segments decides between equal free blocks; "
-            f"in 32 MiB slots the reserved peak is {format_bytes(slots.peak_reserved)}, with each right below the "
-            f"last {format_bytes(packed.peak_reserved)}; the estimate reports the higher")
+            f"the reserved peak is {peaks}; the estimate reports the highest")
 
 
 def _varied_note(plain: Replay, varied: Replay) -> str:

@@ -200,10 +200,10 @@ def check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int
     """Replay again with the allocator capped at the budget (cached segments are released
     and the request retried before an OOM, as on a GPU), steady steps included: whether it
     fits, the OOM if not (where, and what asked), and the reserved peak under the cap. It
-    fits only if it does with the driver's segments in slots and packed one below the other,
-    the two placements the estimate replays (memdoctor.cuda.allocator_model.placements)."""
+    fits only if it does with each of the segment placements the estimate replays
+    (memdoctor.cuda.allocator_model.placements)."""
     result, reserved = None, 0
-    for driver in placements():
+    for driver in placements().values():
         result = replay(run, counted, CachingAllocatorModel(budget, conf, driver), stop_on_oom=True,
                         sizes_of=sizes_of, steps=steps)
         reserved = max(reserved, result.peak_reserved)
