@@ -7,7 +7,7 @@ segments fill. `scratch_for(func, args, kwargs, gpu)` says what one aten op take
 order the kernel allocates it. Sizes follow the kernels' launch code (PyTorch 2.11) and
 match, byte for byte, the allocator's traces of training steps recorded on an H200:
 
-- reductions (sum, mean over some dims): the global staging buffer and semaphores of
+- reductions (sum, mean, norm over some dims): the global staging buffer and semaphores of
   Reduce.cuh, when the reduction is split across blocks (memdoctor.cuda.reduce_scratch);
 - memory-efficient attention backward: a contiguous copy of the output gradient (when it
   is not already laid out as the kernel reads it); `delta` (fp32, one value per query),
@@ -112,6 +112,15 @@ def _reduction(args, kwargs, gpu: Gpu, full: bool, vec: int | None) -> list[Scra
                                     sm_count=gpu.sm_count, max_threads_per_sm=gpu.max_threads_per_sm,
                                     input_vec_size=vec)
     return [Scratch(n, "reduction staging buffer and semaphores") for n in sizes if n > 0]
+
+
+def _norm(args, kwargs, gpu: Gpu) -> list[Scratch]:
+    """norm and linalg_vector_norm reduce through gpu_reduce_kernel (NormOps, vt0 4 and
+    input_vec_size 4 for every dtype): the staging of a sum over the same dims. weight_norm's
+    norm over all but one dim of a large weight takes twice the weight (wav2vec2's positional
+    convolution: 36 MiB)."""
+    dims = args[2] if len(args) > 2 else kwargs.get("dim")
+    return _reduction([args[0], dims], {}, gpu, False, 4)
 
 
 def _contiguous_as_bmhk(t: torch.Tensor) -> bool:
@@ -322,6 +331,11 @@ def _rules() -> dict:
         op = getattr(getattr(aten, name), overload, None)
         if op is not None:
             rules[op] = (lambda full, vec: lambda a, kw, g: _reduction(a, kw, g, full, vec))(full, vec)
+    for name, overload in (("norm", "ScalarOpt_dim"), ("norm", "ScalarOpt_dim_dtype"), ("norm", "Scalar"),
+                           ("linalg_vector_norm", "default")):
+        op = getattr(getattr(aten, name), overload, None)
+        if op is not None:
+            rules[op] = _norm
     for name, rule in (("_scaled_dot_product_efficient_attention_backward", _efficient_attention_backward),
                        ("_scaled_dot_product_cudnn_attention_backward", _cudnn_attention_backward),
                        ("_scaled_dot_product_cudnn_attention", _cudnn_attention_forward),

@@ -98,6 +98,12 @@ def test_kernel_scratch_rules_match_this_gpu():
     """The rules of memdoctor.cuda.kernel_scratch against the kernels themselves, on this GPU."""
     g = torch.randn(12608, 3072, device="cuda")
     assert _gpu_scratch(aten.sum.dim_IntList, g, [0]) == _rule(aten.sum.dim_IntList, g, [0])
+    for dtype in (torch.float32, torch.bfloat16):         # weight_norm's norm, and a full one
+        w = torch.randn(36864, 128, device="cuda", dtype=dtype)
+        assert _gpu_scratch(aten.norm.ScalarOpt_dim, w, 2, [0]) == _rule(aten.norm.ScalarOpt_dim, w, 2, [0]) != []
+        assert _gpu_scratch(aten.linalg_vector_norm.default, w, 2, [0]) == \
+            _rule(aten.linalg_vector_norm.default, w, 2, [0])
+        assert _gpu_scratch(aten.norm.Scalar, w, 2) == _rule(aten.norm.Scalar, w, 2)
 
     # memory-efficient attention backward, fp32 and bf16, with the output gradient laid out as
     # the forward's output and as a contiguous [B, H, M, K] (copied first)
