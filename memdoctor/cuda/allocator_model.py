@@ -135,9 +135,9 @@ class DriverSpace:
 
     What it leaves out: memory mapped by anything besides the caching allocator (loaded
     kernels, library handles), which takes addresses between segments. The rule is read from
-    recorded traces (benchmarks/placement_replay.py replays them); `first_chunk=0` gives the
-    slots alone and `slot=None` each segment right below the last, plainer rules the estimate
-    replays as well (`placements`)."""
+    recorded traces (benchmarks/placement_replay.py replays them: the GPU's reserved bytes on
+    21 of 21); `first_chunk=0` gives the slots alone and `slot=None` each segment right below
+    the last, plainer rules the estimate notes beside it (`placements`)."""
 
     def __init__(self, top: int = 1 << 48, slot: int | None = SLOT, first_chunk: int = FIRST_CHUNK):
         self.bottom = top - first_chunk
@@ -174,11 +174,13 @@ class DriverSpace:
         bisect.insort(self.chunk if addr >= self.chunk_start else self.spare, (addr, size))
 
 
+DRIVER = "driver"
+
+
 def placements() -> dict[str, DriverSpace]:
-    """The placements the estimate replays, by name: the driver's rule first, then its slots
-    alone and each segment right below the last; it reports the highest reserved peak."""
-    return {"driver": DriverSpace(), "slots": DriverSpace(first_chunk=0),
-            "packed": DriverSpace(slot=None, first_chunk=0)}
+    """The placements the estimate replays, by name: the driver's rule, which it reports, and
+    for its notes the slots alone and each segment right below the last."""
+    return {DRIVER: DriverSpace(), "slots": DriverSpace(first_chunk=0), "packed": DriverSpace(slot=None, first_chunk=0)}
 
 
 class Block:

@@ -67,7 +67,7 @@ import torch
 from torch import nn
 
 from memdoctor.attribution import breakdown_at, live_blocks
-from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, MiB, placements
+from memdoctor.cuda.allocator_model import DRIVER, AllocatorConfig, CachingAllocatorModel, MiB, placements
 from memdoctor.cuda.kernel_scratch import Gpu
 from memdoctor.predict import cpu_standin
 from memdoctor.predict.math_attention import cuda_math_attention
@@ -108,8 +108,7 @@ __all__ = ["Estimate", "EstimateError", "estimate", "estimate_built", "CUDA_CONT
 # only created its context and run a matmul. It is outside the allocator's counters, so it
 # is reported apart and never added to the predicted peak.
 CUDA_CONTEXT_BYTES = 500 * MiB
-PLACEMENT_NAMES = {"driver": "with the driver's first chunk and slots", "slots": "in 32 MiB slots alone",
-                   "packed": "with each segment right below the last"}
+PLACEMENT_NAMES = {"slots": "in 32 MiB slots alone", "packed": "with each segment right below the last"}
 
 
 class EstimateError(ValueError):
@@ -382,10 +381,11 @@ def _replayed(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, con
         notes.append(dist_note)
     settled = fake.steps if settle else None
     # The driver's segment addresses break ties between equal free blocks, and its rule is read
-    # from a few traces (memdoctor.cuda.allocator_model.DriverSpace): replay plainer rules too.
+    # from recorded traces (memdoctor.cuda.allocator_model.DriverSpace): the plainer rules are
+    # replayed too, and noted where they differ.
     reps = {name: replay(run, counted, CachingAllocatorModel(None, conf, driver), sizes_of=sizes_of, steps=settled)
             for name, driver in placements().items()}
-    rep = max(reps.values(), key=lambda r: r.peak_reserved)
+    rep = reps[DRIVER]
     if len({r.peak_reserved for r in reps.values()}) > 1:
         notes.append(_placement_note(reps))
     return _Replayed(run, counted, sizes_of, settled, rep, workspaces,
@@ -393,9 +393,10 @@ def _replayed(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, con
 
 
 def _placement_note(reps: dict[str, Replay]) -> str:
-    peaks = ", ".join(f"{PLACEMENT_NAMES[name]} {format_bytes(r.peak_reserved)}" for name, r in reps.items())
-    return (f"segment addresses: where the driver maps new segments decides between equal free blocks; "
-            f"the reserved peak is {peaks}; the estimate reports the highest")
+    others = ", ".join(f"{PLACEMENT_NAMES[name]} {format_bytes(r.peak_reserved)}" for name, r in reps.items()
+                       if name != DRIVER)
+    return (f"segment addresses: where the driver maps new segments decides between equal free blocks; the "
+            f"estimate replays the H200's driver's rule ({format_bytes(reps[DRIVER].peak_reserved)}); {others}")
 
 
 def _varied_note(plain: Replay, varied: Replay) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, ModelOOM, placements
+from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, DriverSpace, ModelOOM
 from memdoctor.run import Action, CATEGORIES, Category, Run
 
 __all__ = ["Replay", "counted_blocks", "replay", "check_budget", "MAX_REPEATS"]
@@ -199,16 +199,11 @@ def check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int
                  sizes_of: dict[int, int] | None, steps: int | None = None) -> tuple[bool, dict | None, int]:
     """Replay again with the allocator capped at the budget (cached segments are released
     and the request retried before an OOM, as on a GPU), steady steps included: whether it
-    fits, the OOM if not (where, and what asked), and the reserved peak under the cap. It
-    fits only if it does with each of the segment placements the estimate replays
-    (memdoctor.cuda.allocator_model.placements)."""
-    result, reserved = None, 0
-    for driver in placements().values():
-        result = replay(run, counted, CachingAllocatorModel(budget, conf, driver), stop_on_oom=True,
-                        sizes_of=sizes_of, steps=steps)
-        reserved = max(reserved, result.peak_reserved)
-        if result.oom is not None:
-            break
+    fits, the OOM if not (where, and what asked), and the reserved peak under the cap, with
+    the segment placement the estimate reports (memdoctor.cuda.allocator_model.DriverSpace)."""
+    result = replay(run, counted, CachingAllocatorModel(budget, conf, DriverSpace()), stop_on_oom=True,
+                    sizes_of=sizes_of, steps=steps)
+    reserved = result.peak_reserved
     oom = result.oom
     if oom is None:
         return True, None, reserved
