@@ -372,10 +372,10 @@ def test_keys_tab_cycles_help_and_quit(run_file):
 # ---- bad input -----------------------------------------------------------------------------
 BAD_FILES = [
     (b"this is not a run", "not a readable run file"),
-    (gzip.compress(b'{"format": "memdoctor.run", "version": 99}'), "version 99"),
-    (gzip.compress(b'{"format": "something else"}'), "not a memdoctor run file"),
-    (gzip.compress(b"\x00" * 10)[:12], "not a readable run file"),
-    (gzip.compress(b'{"format": "memdoctor.run", "version": 1, "events": {}}'), "damaged"),
+    (gzip.compress(b'{"format": "memdoctor.run", "version": 99}', mtime=0), "version 99"),
+    (gzip.compress(b'{"format": "something else"}', mtime=0), "not a memdoctor run file"),
+    (gzip.compress(b"\x00" * 10, mtime=0)[:12], "not a readable run file"),
+    (gzip.compress(b'{"format": "memdoctor.run", "version": 1, "events": {}}', mtime=0), "damaged"),
 ]
 
 
