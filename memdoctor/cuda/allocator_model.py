@@ -133,11 +133,14 @@ class DriverSpace:
     address: whichever segment is split first decides which whole one is left for a later
     request, and that can change the reserved peak by a sixth (DeBERTa-v2).
 
-    What it leaves out: memory mapped by anything besides the caching allocator (loaded
-    kernels, library handles), which takes addresses between segments. The rule is read from
-    recorded traces (benchmarks/placement_replay.py replays them: the GPU's reserved bytes on
-    21 of 21); `first_chunk=0` gives the slots alone and `slot=None` each segment right below
-    the last, plainer rules the estimate notes beside it (`placements`)."""
+    What it leaves out: memory mapped by anything besides the caching allocator, which takes
+    addresses between segments: the kernels the driver loads at their first use (about 10 MiB,
+    and 64-74 MiB at the first matrix multiply) leave the first chunk with holes that decide
+    which later segments still fit there (HuBERT checkpointed at batch 4 reserves 5% more on
+    the H200 than with the chunk whole). The rule is read from recorded traces
+    (benchmarks/placement_replay.py replays them: the GPU's reserved bytes on 22 of 24);
+    `first_chunk=0` gives the slots alone and `slot=None` each segment right below the last,
+    plainer rules the estimate notes beside it (`placements`)."""
 
     def __init__(self, top: int = 1 << 48, slot: int | None = SLOT, first_chunk: int = FIRST_CHUNK):
         self.bottom = top - first_chunk
