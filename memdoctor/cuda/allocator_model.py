@@ -138,7 +138,7 @@ class DriverSpace:
     and 64-74 MiB at the first matrix multiply) leave the first chunk with holes that decide
     which later segments still fit there (HuBERT checkpointed at batch 4 reserves 5% more on
     the H200 than with the chunk whole). The rule is read from recorded traces
-    (benchmarks/placement_replay.py replays them: the GPU's reserved bytes on 22 of 24);
+    (benchmarks/placement_replay.py replays them: the GPU's reserved bytes on 32 of 36);
     `first_chunk=0` gives the slots alone and `slot=None` each segment right below the last,
     plainer rules the estimate notes beside it (`placements`)."""
 
