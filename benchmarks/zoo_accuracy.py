@@ -157,7 +157,6 @@ def _estimate(row: dict) -> dict:
         est = estimate_config(script=str(ZOO_SCRIPT), script_args=_script_args(row), plan=row["plan"])
         return {"predicted_allocated_bytes": est.peak_allocated_bytes,
                 "predicted_reserved_bytes": est.peak_reserved_bytes,
-                "reserved_by_placement": est.reserved_by_placement,
                 "estimate_seconds": round(est.elapsed_s, 2), "peak_phase": est.peak_phase,
                 "params": est.params, "simulated_on": est.simulated_on,
                 "notes": [n[:400] for n in est.notes]}

@@ -140,7 +140,7 @@ class DriverSpace:
     the H200 than with the chunk whole). The rule is read from recorded traces
     (benchmarks/placement_replay.py replays them: the GPU's reserved bytes on 32 of 36);
     `first_chunk=0` gives the slots alone and `slot=None` each segment right below the last,
-    plainer rules the estimate notes beside it (`placements`)."""
+    plainer rules that reserve the GPU's bytes on fewer (`placements`)."""
 
     def __init__(self, top: int = 1 << 48, slot: int | None = SLOT, first_chunk: int = FIRST_CHUNK):
         self.bottom = top - first_chunk
@@ -177,13 +177,10 @@ class DriverSpace:
         bisect.insort(self.chunk if addr >= self.chunk_start else self.spare, (addr, size))
 
 
-DRIVER = "driver"
-
-
 def placements() -> dict[str, DriverSpace]:
-    """The placements the estimate replays, by name: the driver's rule, which it reports, and
-    for its notes the slots alone and each segment right below the last."""
-    return {DRIVER: DriverSpace(), "slots": DriverSpace(first_chunk=0), "packed": DriverSpace(slot=None, first_chunk=0)}
+    """The driver's rule and two plainer ones, by name, as benchmarks/placement_replay.py
+    compares them on recorded traces: its slots alone, and each segment right below the last."""
+    return {"driver": DriverSpace(), "slots": DriverSpace(first_chunk=0), "packed": DriverSpace(slot=None, first_chunk=0)}
 
 
 class Block:

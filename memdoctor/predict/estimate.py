@@ -67,7 +67,7 @@ import torch
 from torch import nn
 
 from memdoctor.attribution import breakdown_at, live_blocks
-from memdoctor.cuda.allocator_model import DRIVER, AllocatorConfig, CachingAllocatorModel, MiB, placements
+from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, MiB
 from memdoctor.cuda.kernel_scratch import Gpu
 from memdoctor.predict import cpu_standin
 from memdoctor.predict.math_attention import cuda_math_attention
@@ -108,7 +108,6 @@ __all__ = ["Estimate", "EstimateError", "estimate", "estimate_built", "CUDA_CONT
 # only created its context and run a matmul. It is outside the allocator's counters, so it
 # is reported apart and never added to the predicted peak.
 CUDA_CONTEXT_BYTES = 500 * MiB
-PLACEMENT_NAMES = {"slots": "in 32 MiB slots alone", "packed": "with each segment right below the last"}
 
 
 class EstimateError(ValueError):
@@ -200,12 +199,9 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
     est = _estimate_of(run, rep, plain.counted, fake, target, steps, notes=notes, workspace_bytes=plain.workspaces,
                        cuda_context_bytes=context if target.device == "cuda" else 0, plan=str(plan),
                        world_size=world_size, budget_bytes=budget)
-    est.reserved_by_placement = dict(plain.placement_peaks)
     if varied is not None:
         est.peak_allocated_bytes = max(est.peak_allocated_bytes, varied.rep.peak_allocated)
         est.peak_reserved_bytes = max(est.peak_reserved_bytes, varied.rep.peak_reserved)
-        est.reserved_by_placement = {name: max(peak, varied.placement_peaks[name])
-                                     for name, peak in plain.placement_peaks.items()}
     if budget is not None:
         est.fits, est.oom, est.budget_peak_reserved_bytes = plain.check(conf, budget)
         if varied is not None and est.fits:
@@ -364,7 +360,6 @@ class _Replayed:
     settled: int | None
     rep: Replay
     workspaces: int
-    placement_peaks: dict[str, int]
 
     def check(self, conf: AllocatorConfig, budget: int):
         return check_budget(self.run, self.counted, conf, budget, self.sizes_of, self.settled)
@@ -380,23 +375,10 @@ def _replayed(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, con
     if dist_note:
         notes.append(dist_note)
     settled = fake.steps if settle else None
-    # The driver's segment addresses break ties between equal free blocks, and its rule is read
-    # from recorded traces (memdoctor.cuda.allocator_model.DriverSpace): the plainer rules are
-    # replayed too, and noted where they differ.
-    reps = {name: replay(run, counted, CachingAllocatorModel(None, conf, driver), sizes_of=sizes_of, steps=settled)
-            for name, driver in placements().items()}
-    rep = reps[DRIVER]
-    if len({r.peak_reserved for r in reps.values()}) > 1:
-        notes.append(_placement_note(reps))
-    return _Replayed(run, counted, sizes_of, settled, rep, workspaces,
-                     {name: r.peak_reserved for name, r in reps.items()})
-
-
-def _placement_note(reps: dict[str, Replay]) -> str:
-    others = ", ".join(f"{PLACEMENT_NAMES[name]} {format_bytes(r.peak_reserved)}" for name, r in reps.items()
-                       if name != DRIVER)
-    return (f"segment addresses: where the driver maps new segments decides between equal free blocks; the "
-            f"estimate replays the H200's driver's rule ({format_bytes(reps[DRIVER].peak_reserved)}); {others}")
+    # The driver's segment addresses break ties between equal free blocks: the model places
+    # new segments as the H200's driver does (memdoctor.cuda.allocator_model.DriverSpace).
+    rep = replay(run, counted, CachingAllocatorModel(None, conf), sizes_of=sizes_of, steps=settled)
+    return _Replayed(run, counted, sizes_of, settled, rep, workspaces)
 
 
 def _varied_note(plain: Replay, varied: Replay) -> str:

@@ -39,7 +39,6 @@ class Estimate:
     oom: dict | None = None
     budget_peak_reserved_bytes: int | None = None   # max_memory_reserved() with the allocator capped at the budget
     allocator: dict = field(default_factory=dict)
-    reserved_by_placement: dict[str, int] = field(default_factory=dict)   # the reserved peak by segment placement
     anchors: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
     config: dict = field(default_factory=dict)
@@ -75,7 +74,6 @@ class Estimate:
             "device": self.device,
             "simulated_on": self.simulated_on,
             "allocator": self.allocator,
-            "reserved_by_placement": self.reserved_by_placement,
             "anchors": self.anchors,
             "config": self.config,
             "notes": self.notes,
