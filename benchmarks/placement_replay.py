@@ -1,8 +1,8 @@
 """Where the CUDA driver maps new segments, against the GPU: each recorded trace's own
 requests (and the estimate's, where the trace has them) replayed through the allocator model
-with each placement the estimate replays (memdoctor.cuda.allocator_model.placements: the
-driver's rule, its 32 MiB slots alone, each segment right below the last), and with the
-addresses the GPU's driver really gave.
+with the driver's rule the estimate replays, its 32 MiB slots alone, and each segment right
+below the last (memdoctor.cuda.allocator_model.placements), and with the addresses the GPU's
+driver really gave.
 
     python benchmarks/placement_replay.py tests/fixtures/*/*.json.gz benchmarks/results/zoo_traces_h200_2026-12-02/*.json.gz
 

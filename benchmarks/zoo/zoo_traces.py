@@ -119,7 +119,7 @@ def _predicted(row: dict) -> dict:
 
     def malloc(self, nbytes):
         block = real_malloc(self, nbytes)
-        if self.capacity is None and block is not None and self.driver.first_chunk:    # the driver rule's replay
+        if self.capacity is None and block is not None:     # not a budget check's replay
             models.append(self)                 # kept, so that no later model reuses its id
             log, labels = logs.setdefault(id(self), ([], []))
             numbers[id(block)] = len(labels)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, DriverSpace, ModelOOM
+from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, ModelOOM
 from memdoctor.run import Action, CATEGORIES, Category, Run
 
 __all__ = ["Replay", "counted_blocks", "replay", "check_budget", "MAX_REPEATS"]
@@ -201,12 +201,11 @@ def check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int
     and the request retried before an OOM, as on a GPU), steady steps included: whether it
     fits, the OOM if not (where, and what asked), and the reserved peak under the cap, with
     the segment placement the estimate reports (memdoctor.cuda.allocator_model.DriverSpace)."""
-    result = replay(run, counted, CachingAllocatorModel(budget, conf, DriverSpace()), stop_on_oom=True,
-                    sizes_of=sizes_of, steps=steps)
-    reserved = result.peak_reserved
+    result = replay(run, counted, CachingAllocatorModel(budget, conf), stop_on_oom=True, sizes_of=sizes_of,
+                    steps=steps)
     oom = result.oom
     if oom is None:
-        return True, None, reserved
+        return True, None, result.peak_reserved
     mark = run.mark_at(oom["seq"])
     oom.update(phase=mark.phase if mark else "other", step=(mark.step if mark else 0) + oom.pop("repeat"))
     block = run.blocks.get(run.event_blocks[oom["seq"]])
