@@ -557,8 +557,12 @@ def main(argv: list[str] | None = None) -> int:
         check_thread = threading.Thread(target=run_checks, daemon=True)
         check_thread.start()
 
+    def rows_of(done: list[dict]) -> list[dict]:
+        """Every configuration so far, with its measurement and its errors."""
+        return [_with_errors({**r, **measured.get(r["id"], {})}) for r in kept + done]
+
     def save(done: list[dict], partial: bool = False) -> Path:
-        full = [_with_errors({**r, **measured.get(r["id"], {})}) for r in kept + done]
+        full = rows_of(done)
         data = {"env": env, "dry_run": args.dry_run, "partial": partial, "elapsed_s": round(time.perf_counter() - t0, 1),
                 "summary": summarize(full, args.dry_run), "checks": checks_result, "configs": full}
         return resultfile.save("zoo_accuracy", hw, data, out=args.out)
@@ -568,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     if check_thread is not None:
         check_thread.join(timeout=max(1.0, deadline + 60 - time.perf_counter()))
         checks_result = holder.get("result")
-    full = [_with_errors({**r, **measured.get(r["id"], {})}) for r in kept + done]
+    full = rows_of(done)
     path = save(done)
     summary = summarize(full, args.dry_run)
     print("\n".join(summary_lines(summary, checks_result, time.perf_counter() - t0)))
