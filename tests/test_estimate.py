@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import textwrap
-import time
 
 import pytest
 import torch
@@ -278,12 +277,9 @@ def test_a_built_model_is_refused():
         estimate(_mlp(), _adamw, _batch, _loss)
 
 
-def test_gpt2_124m_estimate_is_fast_and_counts_model_states_per_parameter():
+def test_gpt2_124m_estimate_counts_model_states_per_parameter():
     from memdoctor.predict.models import get
-    t0 = time.perf_counter()
     est = estimate_built(get("gpt2-124m").builder(batch=1, seq=64), device="cuda")
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 30, f"took {elapsed:.1f} s"
     p = est.params
     assert 124_000_000 < p < 125_000_000
     raw = est.category_peaks_raw

@@ -10,7 +10,6 @@ import random
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -320,8 +319,9 @@ def test_permission_denied_is_logerror(tmp_path):
         scan_file(path)
 
 
-def test_large_log_is_scanned_quickly(tmp_path):
-    """~50 MB of training-loop noise with an OOM every ~5 MB."""
+def test_large_log_finds_every_oom(tmp_path):
+    """~50 MB of training-loop noise with an OOM every ~5 MB. How fast is measured by
+    benchmarks/oomlog_scan.py."""
     noise = "".join(f"2024-05-01 12:00:{i % 60:02d},{i % 1000:03d} INFO [rank{i % 8}] step {i} "
                     f"loss 1.{i % 97:02d} lr 3e-4 grad_norm 0.9 mem 17.2 GiB tok/s 41234\n"
                     for i in range(50_000))
@@ -332,12 +332,9 @@ def test_large_log_is_scanned_quickly(tmp_path):
             f.write(noise)
             f.write("[rank3]: " + NEW + "\n")
             size += len(noise) + len(NEW) + 10
-    start = time.perf_counter()
     found = scan_file(path)
-    elapsed = time.perf_counter() - start
     assert len(found) == size // (len(noise) + len(NEW) + 10)
     assert all(f.expected() == NEW_FACTS for f in found)
-    assert elapsed < 10, f"{elapsed:.1f} s for 50 MB"
 
 
 def test_import_is_standard_library_only():

@@ -172,14 +172,15 @@ async def settle(app, pilot, stage: str = "diagnosed", timeout: float = 20.0) ->
     await pilot.pause()
 
 
-async def key_latency(app, key: str, done, limit: float = 5.0) -> float:
-    """Seconds from a key event to its visible effect (`done()` true), polled every 2 ms.
-    (pilot.press waits for the whole process to go idle, which a loading worker never is.)"""
+async def key_takes_effect(app, key: str, done, limit: float = 5.0) -> bool:
+    """Whether a key event has its visible effect (`done()` true) within `limit` seconds,
+    polled every 2 ms. (pilot.press waits for the whole process to go idle, which a loading
+    worker never is.) How fast is measured by benchmarks/tui_open.py."""
     start = time.perf_counter()
     app.post_message(events.Key(key, key if len(key) == 1 else None))
     while not done() and time.perf_counter() - start < limit:
         await asyncio.sleep(0.002)
-    return time.perf_counter() - start
+    return done()
 
 
 def drive(app: MemdoctorApp, script):
@@ -439,7 +440,7 @@ def test_loading_never_blocks_keys(run_file, monkeypatch):
     real = loader.load
 
     def slow(path, tick=None):
-        time.sleep(2.0)
+        time.sleep(8.0)
         return real(path, tick)
     monkeypatch.setattr(loader, "load", slow)
 
@@ -450,10 +451,10 @@ def test_loading_never_blocks_keys(run_file, monkeypatch):
         assert busy.display and busy.query_one(LoadingIndicator).display
         assert "reading" in static_text(app, ".busy-message")
         tabs = app.query_one("#tabs", TabbedContent)
-        assert await key_latency(app, "2", lambda: tabs.active == "timeline") < 1.0
-        assert await key_latency(app, "tab", lambda: tabs.active == "modules") < 1.0
-        assert await key_latency(app, "question_mark", lambda: isinstance(app.screen, HelpScreen)) < 1.0
-        assert await key_latency(app, "escape", lambda: not isinstance(app.screen, HelpScreen)) < 1.0
+        assert await key_takes_effect(app, "2", lambda: tabs.active == "timeline")
+        assert await key_takes_effect(app, "tab", lambda: tabs.active == "modules")
+        assert await key_takes_effect(app, "question_mark", lambda: isinstance(app.screen, HelpScreen))
+        assert await key_takes_effect(app, "escape", lambda: not isinstance(app.screen, HelpScreen))
         assert app.stage == "loading"              # keys were handled while loading
         assert app.query_one("#tabs", TabbedContent).active == "modules"
         await settle(app, pilot)
