@@ -1,7 +1,8 @@
 """The estimate on architectures memdoctor was never shaped for (benchmarks/zoo), on the CPU
 standing in for CUDA, as `memdoctor estimate benchmarks/zoo/zoo_script.py -- ARCH BATCH` runs
-it: no crash, well under a minute each, and a note for every op whose values it could not know.
-The transformers ones need transformers (not a dependency of memdoctor)."""
+it: no crash, and a note for every op whose values it could not know.
+The transformers ones need transformers (not a dependency of memdoctor). How long each takes is
+measured by benchmarks/zoo_accuracy.py (the estimate's time per row)."""
 import importlib.util
 
 import pytest
@@ -19,7 +20,6 @@ def zoo_estimate(arch: str, batch: int, plan: str | None = None, own_checkpointi
     args = [arch, str(batch)] + (["--own-checkpointing"] if own_checkpointing else [])
     est = estimate_config(script=str(ZOO_SCRIPT), script_args=args, plan=plan)
     assert est.peak_reserved_bytes >= est.peak_allocated_bytes > 4 * est.param_bytes
-    assert est.elapsed_s < 60
     return est
 
 
