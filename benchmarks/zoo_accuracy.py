@@ -24,12 +24,14 @@ fake tensors, and cuDNN's measured RNN sizes with the bound used without a GPU.
     python benchmarks/zoo_accuracy.py --resume DIR/zoo_accuracy_h200_<date>.json --out DIR2
                                                             # run what a time-limited run left
     python benchmarks/zoo_accuracy.py --only llama lstm     # some architectures
+    python benchmarks/zoo_accuracy.py --set holdout --out DIR   # the held-out architectures (holdout_models.py)
     python benchmarks/zoo_accuracy.py --only wav2vec2 hubert --steps 30    # LayerDrop: many steps
     python benchmarks/zoo_accuracy.py --dry-run             # estimates only, no GPU (CPU stands in for CUDA)
     python benchmarks/zoo_accuracy.py --measured RESULT     # estimate anew on a GPU's machine, against the peaks
                                                             # an earlier result measured (the models train alike)
 
-Writes zoo_accuracy_<hardware>_<date>.json (benchmarks/results, or --out) with the command,
+Writes zoo_accuracy_<hardware>_<date>.json (holdout_accuracy_... for --set holdout;
+benchmarks/results, or --out) with the command,
 commit and versions, a row per configuration and the summary (median and worst |error|,
 under-estimates below -2% of reserved, crashes), rewritten as configurations finish, and
 prints the summary last.
@@ -62,6 +64,7 @@ GiB = 1024 ** 3
 STEPS = 6
 MODES = ("fp32", "bf16", "ckpt")
 RESULT_TAG = "ZOO_RESULT "
+SETS = {"zoo": "zoo_accuracy", "holdout": "holdout_accuracy", "all": "zoo_and_holdout_accuracy"}  # -> result name
 UNDER_LIMIT_PCT = -2.0          # an under-estimate of reserved memory below this sends a user into an OOM
 CHILD_TIMEOUT_S = 300
 DEVICE = "cuda"                 # where configurations are measured
@@ -69,8 +72,9 @@ ROOM_BYTES = 24 * GiB           # a new configuration starts only while the GPU 
 
 
 # ----------------------------------------------------------------------- configurations
-def configs(only: list[str] | None, modes: list[str]) -> list[dict]:
-    """One row per architecture x mode x batch, as the children take them."""
+def configs(only: list[str] | None, modes: list[str], which: str = "zoo") -> list[dict]:
+    """One row per architecture x mode x batch, as the children take them: of `only`, else
+    of the zoo (`which` "zoo"), the held-out set ("holdout") or both ("all")."""
     from zoo_models import ZOO
     unknown = [n for n in (only or []) if n not in ZOO]
     if unknown:
@@ -79,6 +83,8 @@ def configs(only: list[str] | None, modes: list[str]) -> list[dict]:
     for name, arch in ZOO.items():
         if only and name not in only:
             continue
+        if not only and which != "all" and arch.held_out != (which == "holdout"):
+            continue
         for mode in modes:
             if mode == "ckpt" and arch.checkpointing == "none":
                 continue
@@ -86,7 +92,7 @@ def configs(only: list[str] | None, modes: list[str]) -> list[dict]:
                 own = mode == "ckpt" and arch.checkpointing == "model"
                 plan = {"fp32": None, "bf16": "bf16", "ckpt": None if own else "ckpt=full"}[mode]
                 rows.append({"id": f"{name}/{mode}/b{batch}", "arch": name, "family": arch.family,
-                             "source": arch.source, "mode": mode, "batch": batch, "plan": plan,
+                             "source": arch.source, "held_out": arch.held_out, "mode": mode, "batch": batch, "plan": plan,
                              "own_checkpointing": own, "small": i == 0})
     return rows
 
@@ -491,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="memdoctor's default estimate against a GPU's measurement on the zoo "
                                              "(benchmarks/zoo): architectures it was never shaped for")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="only these architectures")
+    ap.add_argument("--set", dest="which", choices=SETS, default="zoo",
+                    help="the zoo (default), the held-out architectures (benchmarks/zoo/holdout_models.py) or all")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="precision / checkpointing modes")
     ap.add_argument("--dry-run", action="store_true", help="estimates only, no GPU needed")
     ap.add_argument("--out", help="output folder (default benchmarks/results)")
@@ -518,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         from zoo_models import describe
         for a in describe():
-            print(f"{a['name']:<20}{a['family']:<16}{a['source']:<14}batches {a['batches']}  ckpt: {a['checkpointing']}")
+            print(f"{a['name']:<20}{a['family']:<16}{a['source']:<14}batches {a['batches']}  ckpt: {a['checkpointing']}"
+                  + ("  (held out)" if a["held_out"] else ""))
         return 0
 
     t0 = time.perf_counter()
@@ -531,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers is None:
         args.workers = 10 if gpu else max(1, os.cpu_count() or 1)
     hw = resultfile.hardware("cuda" if gpu else "cpu")
-    rows = [{**r, "measure_steps": args.steps} for r in configs(args.only, args.modes)]
+    rows = [{**r, "measure_steps": args.steps} for r in configs(args.only, args.modes, args.which)]
     previous = json.loads(Path(args.resume).read_text()) if args.resume else {}
     measured = _measured_rows(args.measured) if args.measured else {}
     if measured:
@@ -565,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         full = rows_of(done)
         data = {"env": env, "dry_run": args.dry_run, "partial": partial, "elapsed_s": round(time.perf_counter() - t0, 1),
                 "summary": summarize(full, args.dry_run), "checks": checks_result, "configs": full}
-        return resultfile.save("zoo_accuracy", hw, data, out=args.out)
+        return resultfile.save(SETS[args.which], hw, data, out=args.out)
 
     print("\n".join(table_lines([])), flush=True)          # rows follow as configurations finish
     done = run_pool(rows, args, deadline, save)

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.estimate:
         print(TAG + json.dumps(estimate_with(json.loads(args.estimate), json.loads(args.skipped))), flush=True)
         return 0
-    rows = {r["id"]: r for r in zoo_accuracy.configs(None, list(zoo_accuracy.MODES))}
+    rows = {r["id"]: r for r in zoo_accuracy.configs(None, list(zoo_accuracy.MODES), "all")}
     jobs = [(i, s) for i in args.ids for s in range(args.seeds)]
     with cf.ThreadPoolExecutor(args.workers) as pool:
         measured = list(pool.map(lambda j: _child(["--measure", json.dumps(rows[j[0]]), "--seed", str(j[1])]), jobs))

@@ -20,6 +20,7 @@ torchvision's are in the zoo only where torchvision imports; the rest is plain t
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -42,6 +43,7 @@ class Arch:
     batches: tuple[int, int]
     checkpointing: str = "plan"                  # "plan", "model" or "none"
     source: str = "transformers"                 # transformers, torchvision, torch
+    held_out: bool = False                       # from holdout_models.py: measured apart (--set holdout)
 
 
 def _hf_loss(model: nn.Module, batch: dict) -> torch.Tensor:
@@ -491,6 +493,8 @@ def _zoo() -> dict[str, Arch]:
     except ImportError:
         pass
     archs += _torch_zoo() + _torchvision_zoo()
+    from holdout_models import holdout          # imports this module's helpers, defined by now
+    archs += [dataclasses.replace(a, held_out=True) for a in holdout()]
     return {a.name: a for a in archs}
 
 
@@ -517,6 +521,6 @@ def build(name: str, batch: int, own_checkpointing: bool = False, lr: float = 1e
 
 
 def describe() -> list[dict[str, Any]]:
-    """The zoo as rows (name, family, source, batches, checkpointing)."""
+    """The zoo as rows (name, family, source, batches, checkpointing, held out)."""
     return [{"name": a.name, "family": a.family, "source": a.source, "batches": list(a.batches),
-             "checkpointing": a.checkpointing} for a in ZOO.values()]
+             "checkpointing": a.checkpointing, "held_out": a.held_out} for a in ZOO.values()]

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("zoo_seeds.py measures on a GPU: no CUDA device here", file=sys.stderr)
         return 2
-    rows = {r["id"]: {**r, "measure_steps": args.steps} for r in zoo_accuracy.configs(None, list(zoo_accuracy.MODES))}
+    rows = {r["id"]: {**r, "measure_steps": args.steps} for r in zoo_accuracy.configs(None, list(zoo_accuracy.MODES), "all")}
     unknown = [i for i in args.ids if i not in rows]
     if unknown or not args.ids:
         print(f"unknown configuration(s): {', '.join(unknown) or '(none given)'}", file=sys.stderr)

@@ -16,6 +16,18 @@ active a module's scripted functions are replaced by the Python functions they w
 scripted from (torch keeps them as `_torchdynamo_inline`), so their ops run one at a time
 on any thread, backward's included; the rest of TorchScript runs unoptimized and unfused.
 The memory is the same but for a fused kernel's temporaries.
+
+torch's `Module._apply` (behind `module.to()`, `.float()`, `.cuda()`) swaps a fake parameter
+for a new one, which fails once the autograd graph holds it ("Couldn't swap Linear.weight"),
+where a real parameter gets its `.data` set. Models convert submodules inside forward
+(Switch Transformers' router: `self.classifier = self.classifier.to(self.dtype)`, most often
+to the dtype it has). While `eager()` is active a module of fake parameters converts as a real
+one does: nothing for a conversion that changes nothing, `.data` set for one that does.
+
+A real 0-d tensor formats as its value (`f"expert_{idx}"` is "expert_3"); a fake one as its
+repr, since `Tensor.__format__` reads the value only of an exact torch.Tensor. Switch
+Transformers names the expert to run that way. While `eager()` is active a 0-d fake tensor
+formats as its value, read as `.item()` reads it (memdoctor.predict.data_dependent).
 """
 from __future__ import annotations
 
@@ -102,12 +114,63 @@ def _flush_torchscript_plans() -> None:
             pass
 
 
+def _fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
+
+
+def _apply_as_on_real_tensors(original):
+    """Module._apply that converts a module of fake parameters as torch converts real ones."""
+    def _apply(self, fn, recurse=True):
+        own = [t for t in (*self._parameters.values(), *self._buffers.values()) if t is not None]
+        if not own or not all(_fake(t) for t in own):
+            return original(self, fn, recurse)
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        for param in self._parameters.values():
+            if param is None:
+                continue
+            with torch.no_grad():
+                applied = fn(param)
+                if applied is not param:
+                    param.data = applied
+                grad = param.grad
+                if grad is not None and fn(grad) is not grad:
+                    grad.data = fn(grad)
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+    _apply._memdoctor_eager = True
+    return _apply
+
+
+def _format_as_on_real_tensors(original):
+    """Tensor.__format__ that formats a 0-d fake tensor as its value, as a real one formats."""
+    def __format__(self, format_spec):
+        if _fake(self) and self.dim() == 0:
+            return self.detach().item().__format__(format_spec)
+        return original(self, format_spec)
+    __format__._memdoctor_eager = True
+    return __format__
+
+
+def _patch(owner, name: str, make, undo: list) -> None:
+    original = getattr(owner, name)
+    if not getattr(original, "_memdoctor_eager", False):
+        setattr(owner, name, make(original))
+        undo.append(lambda: setattr(owner, name, original))
+
+
 @contextlib.contextmanager
 def eager():
     """Until the block ends, libraries see eager tensors where they look for fake ones; call
     `.refresh()` on what it yields after importing more of them."""
     state = _Eager()
     state.refresh()
+    _patch(torch.nn.Module, "_apply", _apply_as_on_real_tensors, state.undo)
+    _patch(torch.Tensor, "__format__", _format_as_on_real_tensors, state.undo)
     try:
         with torch.jit.optimized_execution(False), _no_fusion():
             yield state
