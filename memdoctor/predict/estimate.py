@@ -84,6 +84,7 @@ from memdoctor.predict.fused_tables import FusedTables
 from memdoctor.predict.grad_sums import merge_in_place, sums_in_place
 from memdoctor.predict.kernel_layouts import KernelLayouts
 from memdoctor.predict.linear_bias import linear_calls
+from memdoctor.predict.packed_sequences import packed_sequences
 from memdoctor.predict.kernel_watch import (
     KernelWatch,
     cublas_workspace_bytes,
@@ -298,7 +299,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     forced_foreach = False
     stage = "building the model, optimizer and batch"
     try:
-        with fake_mode, values, KernelLayouts(), redirect, cuda_kernels, rnns, linear_calls(), \
+        with fake_mode, values, KernelLayouts(), redirect, cuda_kernels, rnns, packed_sequences(), linear_calls(), \
                 deepcopy_keeps_fake_mode(), eager() as libraries:
             with tracer:
                 watch = KernelWatch(tracer.recorder, Gpu.local() if target.device == "cuda" else None, conv_probe)

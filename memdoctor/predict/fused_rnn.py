@@ -19,6 +19,9 @@ peak, tests/test_data_dependent.py):
   parameter's gradient is a view of, and the weight workspace;
 - under autocast, the input and states cast to the autocast dtype and a flat copy of all
   weights in it (aten/src/ATen/cudnn/AutocastRNN.cpp), kept for the backward.
+- a packed sequence's call (`_VF.lstm(data, batch_sizes, hx, ...)`): the output and the input
+  gradient hold its tokens, no batch-first copies; cuDNN's sizes are taken as for the padded
+  batch (its longest sequence at its largest batch), at least what the packed one needs.
 
 The reserve and workspace sizes are cuDNN's choice (cudnnGetRNNTempSpaceSizes): on a machine
 with a CUDA GPU each distinct RNN is run once there, uninitialised, and measured; without
@@ -213,8 +216,9 @@ class _FusedRNN(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, meta, x, hx, cx, *weights):
-        shape, sizes, batch_first, lowp = meta
+        shape, sizes, batch_first, lowp, packed = meta
         ctx.meta = meta
+        rows = (x.shape[0],) if packed else (shape.seq, shape.batch)      # a packed batch: its tokens
         work_dtype = lowp or x.dtype
         xs = x.to(work_dtype) if lowp else x
         h0 = hx.to(work_dtype) if lowp else hx
@@ -224,7 +228,7 @@ class _FusedRNN(torch.autograd.Function):
             flat = torch.zeros(sum(w.numel() for w in weights), dtype=work_dtype, device=x.device)
         copy = xs.transpose(0, 1).contiguous() if batch_first else None
         out_size = (shape.proj or shape.hidden) * shape.directions
-        out = torch.empty(shape.seq, shape.batch, out_size, dtype=work_dtype, device=x.device)
+        out = torch.empty(*rows, out_size, dtype=work_dtype, device=x.device)
         hy = torch.empty(tuple(h0.shape), dtype=work_dtype, device=x.device)
         cy = torch.empty(tuple(c0.shape), dtype=work_dtype, device=x.device) if c0 is not None else None
         workspace = _empty(sizes.forward_workspace, x)
@@ -236,13 +240,14 @@ class _FusedRNN(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_hy, grad_cy):
-        shape, sizes, batch_first, lowp = ctx.meta
+        shape, sizes, batch_first, lowp, packed = ctx.meta
         xs, h0, c0, out, reserve, flat, *weights = ctx.saved_tensors
+        rows = (xs.shape[0],) if packed else (shape.seq, shape.batch)
         dev = xs.device
         work_dtype = xs.dtype
         x_copy = xs.transpose(0, 1).contiguous() if batch_first else None
         dy = grad_out.transpose(0, 1).contiguous() if batch_first else grad_out.contiguous()
-        dx = torch.empty(shape.seq, shape.batch, shape.input_size, dtype=work_dtype, device=dev)
+        dx = torch.empty(*rows, shape.input_size, dtype=work_dtype, device=dev)
         dhx = torch.empty(tuple(h0.shape), dtype=work_dtype, device=dev)
         dcx = torch.empty(tuple(c0.shape), dtype=work_dtype, device=dev) if c0 is not None else None
         workspace = _empty(sizes.backward_data_workspace, xs)
@@ -288,16 +293,26 @@ def _flatten_as_cudnn(module, device_type: str) -> bool:
 
 
 def _layout(args, kinds: str):
-    """(input, hx, cx, weights, has_biases, layers, dropout, train, bidirectional, batch_first)
-    of a `_VF.<kind>` call without batch_sizes, or None for a packed one."""
-    if len(args) != 9 or not isinstance(args[1], (torch.Tensor, tuple, list)) or not isinstance(args[2], (list, tuple)):
+    """(input, batch_sizes, hx, cx, weights, has_biases, layers, dropout, train, bidirectional,
+    batch_first) of a `_VF.<kind>` call, or None for a call of another form. A packed sequence's
+    call has the batch sizes second and no batch_first (its data is time-major already)."""
+    if len(args) != 9:
         return None
-    x, hx, weights, has_biases, layers, dropout, train, bidirectional, batch_first = args
+    if isinstance(args[3], (list, tuple)):          # packed: (data, batch_sizes, hx, weights, ...)
+        x, batch_sizes, hx, weights, has_biases, layers, dropout, train, bidirectional = args
+        batch_first = False
+        if not isinstance(batch_sizes, torch.Tensor):
+            return None
+    else:
+        x, hx, weights, has_biases, layers, dropout, train, bidirectional, batch_first = args
+        batch_sizes = None
+    if not isinstance(hx, (torch.Tensor, tuple, list)) or not isinstance(weights, (list, tuple)):
+        return None
     if kinds == "lstm":
         h0, c0 = hx
     else:
         h0, c0 = hx, None
-    return x, h0, c0, list(weights), has_biases, layers, dropout, train, bidirectional, batch_first
+    return x, batch_sizes, h0, c0, list(weights), has_biases, layers, dropout, train, bidirectional, batch_first
 
 
 @contextlib.contextmanager
@@ -315,9 +330,10 @@ def cudnn_rnns(probe: bool = False, notes: list[str] | None = None, device_type:
 
         def run(*args, **kwargs):
             layout = _layout(args, name) if not kwargs else None
-            if layout is None or layout[0].dim() != 3:
+            if layout is None or layout[0].dim() != (2 if layout[1] is not None else 3):
                 return original(*args, **kwargs)
-            x, h0, c0, weights, has_biases, layers, dropout, train, bidirectional, batch_first = layout
+            x, batch_sizes, h0, c0, weights, has_biases, layers, dropout, train, bidirectional, batch_first = layout
+            packed = batch_sizes is not None
             directions = 2 if bidirectional else 1
             gates = _MODES[name][1]
             per = len(weights) // (layers * directions)
@@ -326,13 +342,17 @@ def cudnn_rnns(probe: bool = False, notes: list[str] | None = None, device_type:
             proj = weights[per - 1].shape[0] if name == "lstm" and per in (3, 5) else 0
             lowp = _autocast_dtype(device_type)
             lowp = lowp if lowp is not None and lowp != x.dtype else None
-            seq, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+            if packed:              # cuDNN sizes a packed batch by its longest sequence and largest batch
+                seq, batch = batch_sizes.shape[0], h0.shape[1]
+            else:
+                seq, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
             shape = RnnShape(name, int(x.shape[-1]), int(hidden), int(proj), int(layers), directions, int(batch),
                              int(seq), lowp or x.dtype, bool(has_biases))
             training = bool(train) and torch.is_grad_enabled()
             rnn_sizes = sizes.of(shape) if training else RnnSizes(0, bound(shape).forward_workspace, 0, 0)
             with torch.autocast(device_type, enabled=False):
-                out, hy, cy = _FusedRNN.apply((shape, rnn_sizes, bool(batch_first), lowp), x, h0, c0, *weights)
+                out, hy, cy = _FusedRNN.apply((shape, rnn_sizes, bool(batch_first), lowp, packed), x, h0, c0,
+                                              *weights)
             if name == "lstm":
                 return out, hy, cy
             return out, hy
