@@ -273,8 +273,8 @@ def _torch_holdout() -> list[Arch]:
         Arch("torch-seq2seq", "encoder-decoder", Seq2SeqTransformer, _translation_inputs, _translation_loss, (8, 16),
              source="torch"),
         Arch("packed-lstm", "rnn", PackedLSTMTagger, _tagging_inputs, _tagging_loss, (32, 64), "model", "torch"),
-        Arch("recsys", "recommender", Recommender, _recsys_inputs, _recsys_loss, (2048, 4096), source="torch"),
-        Arch("wavenet", "audio", WaveNet, _audio_sample_inputs, _wavenet_loss, (8, 16), source="torch"),
+        Arch("recsys", "recommender", Recommender, _recsys_inputs, _recsys_loss, (2048, 4096), "none", "torch"),
+        Arch("wavenet", "audio", WaveNet, _audio_sample_inputs, _wavenet_loss, (8, 16), "none", "torch"),
     ]
 
 
