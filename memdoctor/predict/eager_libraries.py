@@ -21,8 +21,9 @@ torch's `Module._apply` (behind `module.to()`, `.float()`, `.cuda()`) swaps a fa
 for a new one, which fails once the autograd graph holds it ("Couldn't swap Linear.weight"),
 where a real parameter gets its `.data` set. Models convert submodules inside forward
 (Switch Transformers' router: `self.classifier = self.classifier.to(self.dtype)`, most often
-to the dtype it has). While `eager()` is active a module of fake parameters converts as a real
-one does: nothing for a conversion that changes nothing, `.data` set for one that does.
+to the dtype it has). While `eager()` is active, where torch cannot swap them, a module's fake
+parameters convert as real ones do: nothing for a conversion that changes nothing, `.data` set
+for one that does.
 
 A real 0-d tensor formats as its value (`f"expert_{idx}"` is "expert_3"); a fake one as its
 repr, since `Tensor.__format__` reads the value only of an exact torch.Tensor. Switch
@@ -120,27 +121,31 @@ def _fake(t) -> bool:
 
 
 def _apply_as_on_real_tensors(original):
-    """Module._apply that converts a module of fake parameters as torch converts real ones."""
+    """Module._apply that, where torch cannot swap a module's fake parameters, converts them as
+    torch converts real ones: nothing for a conversion that changes nothing, `.data` set
+    otherwise. Its children are converted by then (torch converts them first)."""
     def _apply(self, fn, recurse=True):
-        own = [t for t in (*self._parameters.values(), *self._buffers.values()) if t is not None]
-        if not own or not all(_fake(t) for t in own):
+        try:
             return original(self, fn, recurse)
-        if recurse:
-            for child in self.children():
-                child._apply(fn)
-        for param in self._parameters.values():
-            if param is None:
-                continue
-            with torch.no_grad():
+        except RuntimeError as exc:
+            own = [t for t in (*self._parameters.values(), *self._buffers.values()) if t is not None]
+            if "Couldn't swap" not in str(exc) or not own or not all(_fake(t) for t in own):
+                raise
+        with torch.no_grad():
+            for param in self._parameters.values():
+                if param is None:
+                    continue
                 applied = fn(param)
                 if applied is not param:
                     param.data = applied
                 grad = param.grad
-                if grad is not None and fn(grad) is not grad:
-                    grad.data = fn(grad)
-        for key, buf in self._buffers.items():
-            if buf is not None:
-                self._buffers[key] = fn(buf)
+                if grad is not None:
+                    applied = fn(grad)
+                    if applied is not grad:
+                        grad.data = applied
+            for key, buf in self._buffers.items():
+                if buf is not None:
+                    self._buffers[key] = fn(buf)
         return self
     _apply._memdoctor_eager = True
     return _apply
