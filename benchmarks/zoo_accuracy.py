@@ -92,8 +92,8 @@ def configs(only: list[str] | None, modes: list[str], which: str = "zoo") -> lis
                 own = mode == "ckpt" and arch.checkpointing == "model"
                 plan = {"fp32": None, "bf16": "bf16", "ckpt": None if own else "ckpt=full"}[mode]
                 rows.append({"id": f"{name}/{mode}/b{batch}", "arch": name, "family": arch.family,
-                             "source": arch.source, "held_out": arch.held_out, "mode": mode, "batch": batch, "plan": plan,
-                             "own_checkpointing": own, "small": i == 0})
+                             "source": arch.source, "held_out": arch.held_out, "mode": mode, "batch": batch,
+                             "plan": plan, "own_checkpointing": own, "small": i == 0})
     return rows
 
 

@@ -11,7 +11,7 @@ from memdoctor.capture.session import Tracer
 from memdoctor.cuda.allocator_model import round_size
 from memdoctor.predict.estimate import estimate
 from memdoctor.predict.fake_step import train_step
-from memdoctor.predict.packed_sequences import _pad_packed_sequence, _pack_padded_sequence
+from memdoctor.predict.packed_sequences import _pad_packed_sequence, _packer
 from memdoctor.run import Action
 
 LENGTHS = [200, 173, 173, 90, 64, 64, 64, 12]
@@ -69,7 +69,7 @@ def test_pack_and_pad_match_atens_values():
     x = torch.randn(len(LENGTHS), 200, 8)
     sorted_lengths, order = torch.sort(lengths, descending=True)
     data, sizes = torch._VF._pack_padded_sequence(x[order], sorted_lengths, True)
-    ours_data, ours_sizes = _pack_padded_sequence(x[order], sorted_lengths, True)
+    ours_data, ours_sizes = _packer(None)(x[order], sorted_lengths, True)
     assert torch.equal(ours_data, data) and torch.equal(ours_sizes, sizes)
     for total in (0, 230):
         padded, back = torch._VF._pad_packed_sequence(data, sizes, True, -1.0, total)
@@ -84,7 +84,7 @@ def test_packing_backward_matches_atens():
     (data * torch.arange(data.numel()).view_as(data)).sum().backward()
     expected = x.grad.clone()
     x.grad = None
-    ours, _ = _pack_padded_sequence(x, lengths, True)
+    ours, _ = _packer(None)(x, lengths, True)
     (ours * torch.arange(ours.numel()).view_as(ours)).sum().backward()
     assert torch.equal(x.grad, expected)
 
@@ -116,3 +116,24 @@ def test_a_packed_lstm_estimates_for_cuda_below_the_padded_one(plan):
     assert packed.peak_allocated_bytes < padded.peak_allocated_bytes
     states = 4 * sum(p.numel() for p in PackedLSTM(True).parameters())
     assert packed.peak_allocated_bytes > 4 * states       # weights, gradients, two AdamW states
+
+
+class LengthsFromActivations(PackedMLP):
+    """Lengths computed from the model's own values: the estimate does not have them."""
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        drop = (self.embed(ids).sum(-1) > 1e9).long().sum(-1)        # 0 in a real run
+        return super().forward(ids, (ids.shape[1] - drop).cpu())
+
+
+def _full_batch():
+    ids, _, tags = _batch()
+    return ids, torch.full((len(LENGTHS),), 200), tags
+
+
+def test_lengths_the_estimate_lacks_are_bounded_by_the_padded_length_and_noted():
+    bounded = estimate(LengthsFromActivations, _adamw, _batch, _loss, device="cpu")
+    full = estimate(PackedMLP, _adamw, _full_batch, _loss, device="cpu")
+    assert any("pack_padded_sequence" in n and "upper bound" in n for n in bounded.notes)
+    assert not any("pack_padded_sequence" in n for n in full.notes)
+    assert abs(bounded.peak_allocated_bytes - full.peak_allocated_bytes) <= 0.01 * full.peak_allocated_bytes

@@ -242,7 +242,8 @@ class WaveNet(nn.Module):
     def __init__(self, channels: int = 128, layers: int = 20, classes: int = 256) -> None:
         super().__init__()
         self.embed = nn.Embedding(classes, channels)
-        self.filters = nn.ModuleList(nn.Conv1d(channels, 2 * channels, 2, dilation=2 ** (i % 10)) for i in range(layers))
+        self.filters = nn.ModuleList(nn.Conv1d(channels, 2 * channels, 2, dilation=2 ** (i % 10))
+                                     for i in range(layers))
         self.res = nn.ModuleList(nn.Conv1d(channels, channels, 1) for _ in range(layers))
         self.skip = nn.ModuleList(nn.Conv1d(channels, 256, 1) for _ in range(layers))
         self.out = nn.Sequential(nn.ReLU(), nn.Conv1d(256, 256, 1), nn.ReLU(), nn.Conv1d(256, classes, 1))

@@ -10,6 +10,9 @@ is active, `torch._VF`'s two calls run the same algorithm in Python: the same sl
 (known values, memdoctor.predict.data_dependent). Packing is an autograd function whose
 backward is ATen's: one zeroed gradient of the padded input, the packed gradient copied in.
 Padding is composite in ATen too: autograd records its slices and copies, as here.
+
+Lengths the estimate does not have (computed from activations: they read as 0) are bounded
+from above: every sequence as long as the padded batch, noted.
 """
 from __future__ import annotations
 
@@ -56,11 +59,23 @@ class _Pack(torch.autograd.Function):
         return (grad_input.transpose(0, 1) if ctx.batch_first else grad_input), None, None
 
 
-def _pack_padded_sequence(padded, lengths, batch_first):
-    values = [int(v) for v in lengths.tolist()]
-    if any(a < b for a, b in zip(values, values[1:])) or not values or values[-1] <= 0:
-        raise RuntimeError("`lengths` array must be sorted in decreasing order and positive")
-    return _Pack.apply(padded, values, bool(batch_first))
+NOTE_BOUND = ("pack_padded_sequence at {where}: lengths the estimate does not have (computed from values it "
+              "lacks): every sequence taken as long as the padded batch, an upper bound")
+
+
+def _packer(notes: list[str] | None):
+    def _pack_padded_sequence(padded, lengths, batch_first):
+        values = [int(v) for v in lengths.tolist()]
+        if values and min(values) <= 0:                 # unknown: read as 0
+            from memdoctor.predict.data_dependent import _where
+            note = NOTE_BOUND.format(where=_where())
+            if notes is not None and note not in notes:
+                notes.append(note)
+            values = [padded.shape[1 if batch_first else 0]] * len(values)
+        if not values or any(a < b for a, b in zip(values, values[1:])):
+            raise RuntimeError("`lengths` array must be sorted in decreasing order when `enforce_sorted` is True")
+        return _Pack.apply(padded, values, bool(batch_first))
+    return _pack_padded_sequence
 
 
 def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_length):
@@ -92,12 +107,13 @@ def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_le
 
 
 @contextlib.contextmanager
-def packed_sequences():
-    """torch._VF's packing and padding as ATen runs them, on fake tensors (module docstring)."""
+def packed_sequences(notes: list[str] | None = None):
+    """torch._VF's packing and padding as ATen runs them, on fake tensors (module docstring);
+    `notes` gets a line where lengths were bounded."""
     vf = torch._VF
     own = {name: name in vf.__dict__ for name in ("_pack_padded_sequence", "_pad_packed_sequence")}
     originals = {name: getattr(vf, name) for name in own}
-    vf._pack_padded_sequence = _pack_padded_sequence
+    vf._pack_padded_sequence = _packer(notes)
     vf._pad_packed_sequence = _pad_packed_sequence
     try:
         yield
