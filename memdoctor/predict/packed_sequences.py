@@ -83,7 +83,10 @@ def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_le
     if not sizes:
         raise RuntimeError("batch_sizes can not be empty")
     longest = len(sizes)
-    seq = max(total_length, longest) if total_length > 0 else longest
+    if 0 < total_length < longest:
+        raise RuntimeError(f"Expected total_length to be at least the length of the longest sequence in input, "
+                           f"but got total_length={total_length} and max sequence length being {longest}")
+    seq = total_length if total_length > 0 else longest
     trailing = tuple(data.shape[1:])
     output = torch.full((seq, sizes[0], *trailing), padding_value, dtype=data.dtype, device=data.device)
     lengths = [0] * sizes[0]
