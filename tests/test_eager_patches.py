@@ -10,11 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memdoctor.capture.session import Tracer
-from memdoctor.cuda.allocator_model import round_size
 from memdoctor.predict.estimate import estimate
-from memdoctor.predict.fake_step import train_step
-from memdoctor.run import Action
+from tests.support.real_steps import real_peak
 
 
 class Converting(nn.Module):
@@ -47,21 +44,7 @@ def _loss(model, batch):
 
 
 def _real_peak(model_fn) -> int:
-    """The real CPU steps' peak of live bytes, each rounded as the allocator model rounds."""
-    with Tracer(source="dispatch") as tracer:
-        model = model_fn()
-        opt = _adamw(model)
-        batch = _batch()
-        for _ in range(2):
-            train_step(model, opt, batch, _loss)
-    live = peak = 0
-    for action, nbytes in zip(tracer.run.actions, tracer.run.event_bytes):
-        if action == Action.ALLOC and nbytes:
-            live += round_size(nbytes)
-        elif action == Action.FREE and nbytes:
-            live -= round_size(nbytes)
-        peak = max(peak, live)
-    return peak
+    return real_peak(model_fn, _adamw, _batch, _loss)
 
 
 def test_a_conversion_that_changes_nothing_costs_nothing():

@@ -26,6 +26,7 @@ from memdoctor.predict.estimate import estimate, estimate_built
 from memdoctor.predict.fake_step import train_step
 from memdoctor.predict.kernel_watch import CUBLASLT_WORKSPACE_BYTES, cublas_workspace_bytes
 from memdoctor.run import Action
+from tests.support.real_steps import real_steps, rounded_live_peak
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -169,22 +170,9 @@ def _loss(model, batch):
 
 
 def test_estimate_of_a_cpu_step_matches_the_real_step_traced_and_rounded():
-    from memdoctor.capture.session import Tracer
     est = estimate(_mlp, _adamw, _batch, _loss, device="cpu")
-    with Tracer(source="dispatch") as tracer:
-        model = _mlp()
-        opt = _adamw(model)
-        batch = _batch()
-        for _ in range(2):
-            train_step(model, opt, batch, _loss)
-    run = tracer.run
-    live = peak = 0
-    for action, nbytes in zip(run.actions, run.event_bytes):
-        if action == Action.ALLOC and nbytes:
-            live += round_size(nbytes)
-        elif action == Action.FREE and nbytes:
-            live -= round_size(nbytes)
-        peak = max(peak, live)
+    run = real_steps(_mlp, _adamw, _batch, _loss)
+    peak = rounded_live_peak(run)
     assert peak > 0
     assert abs(est.peak_allocated_bytes - peak) <= 0.01 * peak
     assert est.live_peak_bytes == run.meta["peak_live_bytes"]

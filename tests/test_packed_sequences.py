@@ -7,12 +7,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from memdoctor.capture.session import Tracer
-from memdoctor.cuda.allocator_model import round_size
 from memdoctor.predict.estimate import estimate
-from memdoctor.predict.fake_step import train_step
 from memdoctor.predict.packed_sequences import _pad_packed_sequence, _packer
-from memdoctor.run import Action
+from tests.support.real_steps import real_peak
 
 LENGTHS = [200, 173, 173, 90, 64, 64, 64, 12]
 
@@ -91,19 +88,7 @@ def test_packing_backward_matches_atens():
 
 def test_a_packed_step_estimates_the_real_steps_bytes():
     est = estimate(PackedMLP, _adamw, _batch, _loss, device="cpu")
-    with Tracer(source="dispatch") as tracer:
-        model = PackedMLP()
-        opt = _adamw(model)
-        batch = _batch()
-        for _ in range(2):
-            train_step(model, opt, batch, _loss)
-    live = peak = 0
-    for action, nbytes in zip(tracer.run.actions, tracer.run.event_bytes):
-        if action == Action.ALLOC and nbytes:
-            live += round_size(nbytes)
-        elif action == Action.FREE and nbytes:
-            live -= round_size(nbytes)
-        peak = max(peak, live)
+    peak = real_peak(PackedMLP, _adamw, _batch, _loss)
     assert abs(est.peak_allocated_bytes - peak) <= 0.01 * peak, (est.peak_allocated_bytes, peak)
 
 

@@ -41,10 +41,9 @@ def child(name: str, batch: int) -> dict:
     """The estimate and the real steps of one architecture, in this process."""
     import torch
     from memdoctor.capture.session import Tracer
-    from memdoctor.cuda.allocator_model import round_size
     from memdoctor.predict.config import estimate_config
     from memdoctor.predict.fake_step import train_step
-    from memdoctor.run import Action
+    from tests.support.real_steps import rounded_live_peak      # the count the estimate's CPU tests use
     from zoo_models import build
 
     torch.manual_seed(0)
@@ -58,13 +57,7 @@ def child(name: str, batch: int) -> dict:
         for _ in range(2):
             train_step(model, optimizer, data, loss_fn)
     real_s = time.perf_counter() - t0
-    live = peak = 0
-    for action, nbytes in zip(tracer.run.actions, tracer.run.event_bytes):
-        if action == Action.ALLOC and nbytes:
-            live += round_size(nbytes)
-        elif action == Action.FREE and nbytes:
-            live -= round_size(nbytes)
-        peak = max(peak, live)
+    peak = rounded_live_peak(tracer.run)
     return {"predicted_allocated_bytes": est.peak_allocated_bytes, "real_peak_bytes": peak,
             "error_pct": round(100 * (est.peak_allocated_bytes - peak) / peak, 3) if peak else None,
             "estimate_seconds": round(estimate_s, 1), "real_seconds": round(real_s, 1),

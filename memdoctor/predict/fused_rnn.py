@@ -21,7 +21,8 @@ peak, tests/test_data_dependent.py):
   weights in it (aten/src/ATen/cudnn/AutocastRNN.cpp), kept for the backward.
 - a packed sequence's call (`_VF.lstm(data, batch_sizes, hx, ...)`): the output and the input
   gradient hold its tokens, no batch-first copies; cuDNN's sizes are taken as for the padded
-  batch (its longest sequence at its largest batch), at least what the packed one needs.
+  batch (its longest sequence at its largest batch), meant as an upper bound: a packed call's
+  own sizes are not measured yet.
 
 The reserve and workspace sizes are cuDNN's choice (cudnnGetRNNTempSpaceSizes): on a machine
 with a CUDA GPU each distinct RNN is run once there, uninitialised, and measured; without

@@ -1,0 +1,39 @@
+"""The independent count the estimate's CPU tests compare with: real training steps on the CPU,
+traced by memdoctor's dispatch source, each allocation rounded as the allocator model rounds."""
+from __future__ import annotations
+
+from typing import Callable
+
+from memdoctor.capture.session import Tracer
+from memdoctor.cuda.allocator_model import round_size
+from memdoctor.predict.fake_step import train_step
+from memdoctor.run import Action, Run
+
+
+def rounded_live_peak(run: Run) -> int:
+    """The highest sum of live allocations in `run`, each rounded to the allocator's size."""
+    live = peak = 0
+    for action, nbytes in zip(run.actions, run.event_bytes):
+        if action == Action.ALLOC and nbytes:
+            live += round_size(nbytes)
+        elif action == Action.FREE and nbytes:
+            live -= round_size(nbytes)
+        peak = max(peak, live)
+    return peak
+
+
+def real_steps(model_fn: Callable, optimizer_fn: Callable, batch_fn: Callable, loss_fn: Callable,
+               steps: int = 2) -> Run:
+    """`steps` real training steps on the CPU, the model, optimizer and batch made inside the trace."""
+    with Tracer(source="dispatch") as tracer:
+        model = model_fn()
+        optimizer = optimizer_fn(model)
+        batch = batch_fn()
+        for _ in range(steps):
+            train_step(model, optimizer, batch, loss_fn)
+    return tracer.run
+
+
+def real_peak(model_fn: Callable, optimizer_fn: Callable, batch_fn: Callable, loss_fn: Callable,
+              steps: int = 2) -> int:
+    return rounded_live_peak(real_steps(model_fn, optimizer_fn, batch_fn, loss_fn, steps))
