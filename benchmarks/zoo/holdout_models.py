@@ -192,13 +192,16 @@ class PackedLSTMTagger(nn.Module):
 
 
 def _tagging_inputs(n: int) -> dict:
-    """Sentences of 64 to 256 tokens (lengths stay on the CPU, as pack_padded_sequence wants)."""
-    g = torch.Generator().manual_seed(n)
-    lengths = torch.randint(64, 257, (n,), generator=g)
+    """Sentences of 64 to 256 tokens, drawn on the CPU by a seeded generator (lengths stay
+    there, as pack_padded_sequence wants), ids and tags then on the default device."""
+    g = torch.Generator(device="cpu").manual_seed(n)
+    lengths = torch.randint(64, 257, (n,), generator=g, device="cpu")
     lengths[0] = 256
-    ids = torch.randint(1, 50000, (n, 256), generator=g)
-    ids[torch.arange(256)[None] >= lengths[:, None]] = 0
-    return {"ids": ids, "lengths": lengths, "tags": torch.randint(0, 64, (n, 256), generator=g)}
+    ids = torch.randint(1, 50000, (n, 256), generator=g, device="cpu")
+    ids[torch.arange(256, device="cpu")[None] >= lengths[:, None]] = 0
+    tags = torch.randint(0, 64, (n, 256), generator=g, device="cpu")
+    device = torch.get_default_device()
+    return {"ids": ids.to(device), "lengths": lengths, "tags": tags.to(device)}
 
 
 def _tagging_loss(model: nn.Module, batch: dict) -> torch.Tensor:

@@ -508,9 +508,11 @@ def names() -> list[str]:
 def build(name: str, batch: int, own_checkpointing: bool = False, lr: float = 1e-4):
     """(model, optimizer, batch, loss_fn) of the architecture `name` at `batch` samples, on
     the default device; AdamW. `own_checkpointing`: turn on the model's own full activation
-    checkpointing (gradient_checkpointing_enable, non-reentrant)."""
+    checkpointing (gradient_checkpointing_enable, non-reentrant). The model is moved to the
+    default device as a training script moves it: a legacy constructor (XLNet's
+    `torch.FloatTensor(...)` parameters) makes its tensor on the CPU whatever the default."""
     arch = ZOO[name]
-    model = arch.make()
+    model = arch.make().to(torch.get_default_device())
     model.train()
     if own_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
