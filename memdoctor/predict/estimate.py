@@ -78,6 +78,7 @@ from memdoctor.predict.fused_rnn import cudnn_rnns
 from memdoctor.predict.anchors import compute_anchors
 from memdoctor.predict.distributed import one_rank
 from memdoctor.predict.events import batch_blocks, insert_events, inputs_are_the_batch, reorder_allocations
+from memdoctor.predict.cpu_packed_rnn import cpu_packed_rnns
 from memdoctor.predict.fake_build import call_build, deepcopy_keeps_fake_mode, fakeify
 from memdoctor.predict.fake_step import force_cuda_default_foreach, train_step
 from memdoctor.predict.fused_tables import FusedTables
@@ -288,9 +289,11 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     values = DataDependent()
     rnn_notes: list[str] = []
-    rnns = cudnn_rnns(probe=conv_probe is not None, notes=rnn_notes,
-                      device_type="cpu" if target.cpu_for_cuda else "cuda") if target.device == "cuda" \
-        else contextlib.nullcontext()
+    if target.device == "cuda":
+        rnns = cudnn_rnns(probe=conv_probe is not None, notes=rnn_notes,
+                          device_type="cpu" if target.cpu_for_cuda else "cuda")
+    else:
+        rnns = cpu_packed_rnns() if target.device == "cpu" else contextlib.nullcontext()
     redirect = cpu_standin.CpuForCuda() if target.cpu_for_cuda else contextlib.nullcontext()
     cuda_kernels = cpu_standin.cuda_kernels() if target.cpu_for_cuda else \
         cuda_math_attention() if target.device == "cuda" else contextlib.nullcontext()

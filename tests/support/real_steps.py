@@ -37,3 +37,29 @@ def real_steps(model_fn: Callable, optimizer_fn: Callable, batch_fn: Callable, l
 def real_peak(model_fn: Callable, optimizer_fn: Callable, batch_fn: Callable, loss_fn: Callable,
               steps: int = 2) -> int:
     return rounded_live_peak(real_steps(model_fn, optimizer_fn, batch_fn, loss_fn, steps))
+
+
+def plain_peak(model_fn: Callable, optimizer_fn: Callable, batch_fn: Callable, loss_fn: Callable,
+               steps: int = 2) -> int:
+    """The rounded live peak of `steps` real CPU steps counted by torch.profiler's memory
+    events, with no dispatch mode active. Under one (real_steps' tracer) autograd's engine
+    sums a gradient that several ops feed out of place (`isTensorSubclassLike` holds for
+    every tensor then); without one it sums in place, as the estimate counts. They part
+    where one tensor feeds many ops: an RNN's projected input, sliced at every time step."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        model = model_fn()
+        optimizer = optimizer_fn(model)
+        batch = batch_fn()
+        for _ in range(steps):
+            train_step(model, optimizer, batch, loss_fn)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        nbytes = e.nbytes()
+        live += round_size(nbytes) if nbytes > 0 else -round_size(-nbytes)
+        peak = max(peak, live)
+    return peak
