@@ -315,3 +315,20 @@ def test_indexing_with_index_tensors_of_different_strides_copies_them_as_on_the_
     rows, cols = (torch.empty(500, dtype=torch.int64, device="meta") for _ in range(2))
     assert scratch_for(aten.index.Tensor, (x, [rows, cols]), {}, H200) == []        # strides alike
     assert scratch_for(aten.index.Tensor, (x, [None, cols]), {}, H200) == []        # one index tensor
+
+
+def test_an_ops_scratch_after_its_outputs_comes_before_the_next_ops_scratch():
+    """The layer norm after a convolution copies its input at the index where the
+    convolution ended; the convolution's workspace after its outputs is measured later and
+    joins the list last, but the GPU makes it first (the H200's trace of Data2Vec-Audio,
+    benchmarks/results/holdout_traces_h200_2026-12-03)."""
+    from memdoctor.cuda.kernel_scratch import Scratch
+    from memdoctor.predict.kernel_watch import scratch_events
+
+    class W:
+        scratch = [(10, 12, [Scratch(250, "layer norm copy", before_outputs=True, outlives=None)]),
+                   (5, 10, [Scratch(500, "workspace", before_outputs=True, outlives=0),
+                            Scratch(760, "workspace after", outlives=0)])]
+    events = scratch_events(W())
+    allocs = [(e[0], e[3]) for e in sorted(events, key=lambda e: e[0]) if e[1] == "alloc"]
+    assert allocs == [(5, 500), (10, 760), (10, 250)]

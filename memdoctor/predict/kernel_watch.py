@@ -215,10 +215,14 @@ def workspace_events(watch: KernelWatch, sm90: bool) -> list[tuple]:
 def scratch_events(watch: KernelWatch) -> list[tuple]:
     """Each op's kernel scratch: allocated before or after its outputs, each freed once the
     scratch allocations it outlives are made, or, last first, once the op is done (events
-    for memdoctor.predict.events.insert_events)."""
+    for memdoctor.predict.events.insert_events). Ops in the order they ran: where one op's
+    end is the next one's start, the first op's scratch after its outputs comes before the
+    next one's before its outputs (on the H200, Data2Vec-Audio's second convolution takes
+    its 760 MiB workspace before the layer norm after it copies its input); the measured
+    convolutions join the list last, so it is sorted by where each op began."""
     events: list[tuple] = []
     count = 0
-    for before, after, scratch in watch.scratch:
+    for before, after, scratch in sorted(watch.scratch, key=lambda entry: entry[0]):
         keys = [("scratch", count + i) for i in range(len(scratch))]
         count += len(scratch)
         for j, s in enumerate(scratch):
