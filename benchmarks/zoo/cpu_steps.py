@@ -5,7 +5,9 @@ Per architecture, in a fresh process, at a small batch in fp32: the estimate on 
 (`device="cpu"`: fake CPU tensors, the CPU's kernels) against two real AdamW steps on the CPU
 (memdoctor.predict.fake_step.train_step, the model built inside), traced by memdoctor's
 dispatch source, each allocation rounded as the allocator model rounds: the peak of live
-bytes. No GPU is needed: it checks the fake step itself (data-dependent ops, module
+bytes; and the same steps counted by torch.profiler with no dispatch mode active (the
+estimate's count: under a dispatch mode autograd sums gradients out of place), the error's
+reference. No GPU is needed: it checks the fake step itself (data-dependent ops, module
 conversions, packed sequences, autograd's saved tensors) on real models; CUDA's kernels and
 allocator are checked against a GPU by benchmarks/zoo_accuracy.py.
 
@@ -43,7 +45,7 @@ def child(name: str, batch: int) -> dict:
     from memdoctor.capture.session import Tracer
     from memdoctor.predict.config import estimate_config
     from memdoctor.predict.fake_step import train_step
-    from tests.support.real_steps import rounded_live_peak      # the count the estimate's CPU tests use
+    from tests.support.real_steps import plain_peak, rounded_live_peak      # the counts the CPU tests use
     from zoo_models import build
 
     torch.manual_seed(0)
@@ -57,9 +59,17 @@ def child(name: str, batch: int) -> dict:
         for _ in range(2):
             train_step(model, optimizer, data, loss_fn)
     real_s = time.perf_counter() - t0
-    peak = rounded_live_peak(tracer.run)
+    traced = rounded_live_peak(tracer.run)
+    del model, optimizer, data
+    torch.manual_seed(0)
+    built: dict = {}        # build() makes the model, optimizer and batch at once, inside the count
+    peak = plain_peak(lambda: built.setdefault("all", build(name, batch))[0], lambda _: built["all"][1],
+                      lambda: built["all"][2], loss_fn)
+
+    def err(count):
+        return round(100 * (est.peak_allocated_bytes - count) / count, 3) if count else None
     return {"predicted_allocated_bytes": est.peak_allocated_bytes, "real_peak_bytes": peak,
-            "error_pct": round(100 * (est.peak_allocated_bytes - peak) / peak, 3) if peak else None,
+            "error_pct": err(peak), "traced_peak_bytes": traced, "traced_error_pct": err(traced),
             "estimate_seconds": round(estimate_s, 1), "real_seconds": round(real_s, 1),
             "notes": [n[:160] for n in est.notes]}
 
@@ -99,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     rows = []
-    print(f"{'architecture':<18}{'real MiB':>10}{'est. MiB':>10}{'error':>9}{'est. s':>8}{'real s':>8}", flush=True)
+    print(f"{'architecture':<18}{'real MiB':>10}{'est. MiB':>10}{'error':>9}{'traced':>9}{'est. s':>8}{'real s':>8}",
+          flush=True)
     with cf.ThreadPoolExecutor(args.workers) as pool:
         for row in pool.map(lambda n: run_child(n, args.batch), names):
             rows.append(row)
@@ -108,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{row['arch']:<18}{row['real_peak_bytes'] / 2**20:>10.1f}"
                       f"{row['predicted_allocated_bytes'] / 2**20:>10.1f}{row['error_pct']:>+8.2f}%"
+                      f"{row['traced_error_pct']:>+8.2f}%"
                       f"{row['estimate_seconds']:>8.1f}{row['real_seconds']:>8.1f}", flush=True)
     errs = [abs(r["error_pct"]) for r in rows if r.get("error_pct") is not None]
     summary = {"architectures": len(rows), "compared": len(errs), "failed": [r["arch"] for r in rows if "error" in r],
