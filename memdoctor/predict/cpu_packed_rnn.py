@@ -15,10 +15,10 @@ projections, go to torch's own.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
+
+from memdoctor.predict.vf_patches import vf_replaced
 
 __all__ = ["cpu_packed_rnns"]
 
@@ -133,16 +133,8 @@ def _packed_call(kind: str, args) -> bool:
     return len(params) % per == 0 and len(params) // per == args[5] * (2 if args[8] else 1)
 
 
-@contextlib.contextmanager
-def cpu_packed_rnns():
-    """torch._VF's RNNs over a packed sequence on the CPU as ATen runs them (module docstring)."""
-    vf = torch._VF
-    originals = {name: getattr(vf, name) for name in _KINDS}
-    own = {name: name in vf.__dict__ for name in _KINDS}
-
-    def make(kind):
-        original = originals[kind]
-
+def _packed_rnn(kind: str):
+    def replace(original):
         def run(*args, **kwargs):
             if kwargs or not _packed_call(kind, args):
                 return original(*args, **kwargs)
@@ -151,14 +143,10 @@ def cpu_packed_rnns():
             return _run(kind, data, sizes, hx, list(params), bool(has_biases), int(layers), float(dropout),
                         bool(train), bool(bidirectional))
         return run
+    return replace
 
-    for name in _KINDS:
-        setattr(vf, name, make(name))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            if own[name]:
-                setattr(vf, name, original)
-            else:
-                delattr(vf, name)
+
+def cpu_packed_rnns():
+    """torch._VF's RNNs over a packed sequence on the CPU as ATen runs them (module
+    docstring), until the block ends."""
+    return vf_replaced({kind: _packed_rnn(kind) for kind in _KINDS})

@@ -36,10 +36,13 @@ gates + 3, the workspaces at one layer's input projection) failed there.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
+
+from memdoctor.predict.vf_patches import vf_replaced
 
 __all__ = ["cudnn_rnns", "RnnShape", "RnnSizes", "bound", "measure", "NOTE_BOUND"]
 
@@ -321,14 +324,9 @@ def cudnn_rnns(probe: bool = False, notes: list[str] | None = None, device_type:
     """torch._VF's fused RNNs as cuDNN runs them (module docstring), until the block ends;
     `probe`: measure cuDNN's sizes on this machine's GPU; `notes` gets what was measured or
     bounded. `device_type`: where autocast is read (the CPU's when it stands in for CUDA)."""
-    vf = torch._VF
-    originals = {name: getattr(vf, name) for name in _MODES}
-    own = {name: name in vf.__dict__ for name in _MODES}
     sizes = _Sizes(probe)
 
-    def make(name):
-        original = originals[name]
-
+    def make(name, original):
         def run(*args, **kwargs):
             layout = _layout(args, name) if not kwargs else None
             if layout is None or layout[0].dim() != (2 if layout[1] is not None else 3):
@@ -359,22 +357,16 @@ def cudnn_rnns(probe: bool = False, notes: list[str] | None = None, device_type:
             return out, hy
         return run
 
-    for name in _MODES:
-        setattr(vf, name, make(name))
     flatten = torch.nn.RNNBase.flatten_parameters
 
     def flatten_parameters(module) -> None:
         if not _flatten_as_cudnn(module, device_type):
             flatten(module)
-    torch.nn.RNNBase.flatten_parameters = flatten_parameters
-    try:
-        yield sizes
-    finally:
-        torch.nn.RNNBase.flatten_parameters = flatten
-        for name, fn in originals.items():
-            if own[name]:
-                setattr(vf, name, fn)
-            else:
-                vf.__dict__.pop(name, None)
-        if notes is not None:
-            notes.extend(sizes.notes())
+    with vf_replaced({name: functools.partial(make, name) for name in _MODES}):
+        torch.nn.RNNBase.flatten_parameters = flatten_parameters
+        try:
+            yield sizes
+        finally:
+            torch.nn.RNNBase.flatten_parameters = flatten
+            if notes is not None:
+                notes.extend(sizes.notes())

@@ -16,9 +16,9 @@ from above: every sequence as long as the padded batch, noted.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
+
+from memdoctor.predict.vf_patches import vf_replaced
 
 __all__ = ["packed_sequences"]
 
@@ -109,20 +109,8 @@ def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_le
     return output, torch.tensor(lengths, dtype=torch.int64, device="cpu")
 
 
-@contextlib.contextmanager
 def packed_sequences(notes: list[str] | None = None):
     """torch._VF's packing and padding as ATen runs them, on fake tensors (module docstring);
     `notes` gets a line where lengths were bounded."""
-    vf = torch._VF
-    own = {name: name in vf.__dict__ for name in ("_pack_padded_sequence", "_pad_packed_sequence")}
-    originals = {name: getattr(vf, name) for name in own}
-    vf._pack_padded_sequence = _packer(notes)
-    vf._pad_packed_sequence = _pad_packed_sequence
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            if own[name]:
-                setattr(vf, name, original)
-            else:
-                delattr(vf, name)
+    return vf_replaced({"_pack_padded_sequence": lambda _: _packer(notes),
+                        "_pad_packed_sequence": lambda _: _pad_packed_sequence})

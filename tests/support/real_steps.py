@@ -22,15 +22,20 @@ def rounded_live_peak(run: Run) -> int:
     return peak
 
 
+def _train(model_fn: Callable, optimizer_fn: Callable, batch_fn: Callable, loss_fn: Callable, steps: int) -> None:
+    """`steps` training steps, the model, optimizer and batch made first (inside the count)."""
+    model = model_fn()
+    optimizer = optimizer_fn(model)
+    batch = batch_fn()
+    for _ in range(steps):
+        train_step(model, optimizer, batch, loss_fn)
+
+
 def real_steps(model_fn: Callable, optimizer_fn: Callable, batch_fn: Callable, loss_fn: Callable,
                steps: int = 2) -> Run:
     """`steps` real training steps on the CPU, the model, optimizer and batch made inside the trace."""
     with Tracer(source="dispatch") as tracer:
-        model = model_fn()
-        optimizer = optimizer_fn(model)
-        batch = batch_fn()
-        for _ in range(steps):
-            train_step(model, optimizer, batch, loss_fn)
+        _train(model_fn, optimizer_fn, batch_fn, loss_fn, steps)
     return tracer.run
 
 
@@ -50,11 +55,7 @@ def plain_peak(model_fn: Callable, optimizer_fn: Callable, batch_fn: Callable, l
 
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
-        model = model_fn()
-        optimizer = optimizer_fn(model)
-        batch = batch_fn()
-        for _ in range(steps):
-            train_step(model, optimizer, batch, loss_fn)
+        _train(model_fn, optimizer_fn, batch_fn, loss_fn, steps)
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
     live = peak = 0
