@@ -1,0 +1,161 @@
+"""Each convolution's scratch in a zoo model's real forward next to what the estimate's probe
+(memdoctor/predict/op_probe.py) measures for the same shapes, on this machine's GPU.
+
+    python benchmarks/zoo/conv_probe_check.py upernet/bf16/b8 [--out FILE]
+
+In a fresh process: one real training step of the configuration, each Conv module's first
+forward under the allocator's trace (its scratch: the allocations freed before it returned)
+and the aten.convolution arguments it made (shapes, strides, dtypes). Then, in a second
+fresh process, the probe on those arguments, as the estimate runs it; and in the first
+process again, after the real step, the same probe (cuDNN's plan cache warm). A row whose
+sizes differ names a convolution where the estimate's workspace is not the GPU's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ZOO_DIR = ROOT / "benchmarks" / "zoo"
+for path in (ROOT, ROOT / "benchmarks", ZOO_DIR):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+
+def _describe(args) -> list:
+    import torch
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(["tensor", list(a.shape), list(a.stride()), str(a.dtype).replace("torch.", ""),
+                        a.storage_offset(), a.data_ptr() % 4096])
+        else:
+            out.append(["value", list(a) if isinstance(a, (list, tuple)) else a])
+    return out
+
+
+def _probe(spec: list, grad: bool = False) -> list[int]:
+    import torch
+
+    from memdoctor.predict.op_probe import recorded_trace, scratch_from_trace
+    args = []
+    for kind, *rest in spec:
+        if kind == "tensor":
+            shape, stride, dtype, offset, _ = rest
+            size = offset + sum((n - 1) * s for n, s in zip(shape, stride)) + 1 if all(shape) else 0
+            base = torch.empty(size, dtype=getattr(torch, dtype), device="cuda")
+            t = base.as_strided(shape, stride, offset)
+            args.append(t.requires_grad_(grad) if grad and t.is_floating_point() else t)
+        else:
+            args.append(rest[0])
+
+    def call():
+        with torch.set_grad_enabled(grad):
+            return torch.ops.aten.convolution.default(*args)
+    return [s.size for s in scratch_from_trace(recorded_trace(call))]
+
+
+def real_pass(cid: str) -> list[dict]:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memdoctor.predict.op_probe import recorded_trace, scratch_from_trace
+    from memdoctor.remedies import prepare
+    from zoo_models import build
+    from zoo_traces import _row
+    row = _row(cid)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model, optimizer, batch, loss_fn = build(row["arch"], row["batch"], own_checkpointing=row["own_checkpointing"])
+    prepared = prepare(model, optimizer, row["plan"], device_type="cuda") if row["plan"] else None
+    if prepared is not None:
+        optimizer = prepared.optimizer
+    rows: list[dict] = []
+
+    class Capture(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.convolution.default:
+                self.spec = _describe(args)
+            return func(*args, **(kwargs or {}))
+
+    def wrap(name, module):
+        original = module.forward
+
+        def forward(*a, **k):
+            if module.training is False or any(r["module"] == name for r in rows):
+                return original(*a, **k)
+            holder = {}
+
+            def call():
+                holder["out"] = original(*a, **k)
+                return holder["out"]
+            scratch = [s.size for s in scratch_from_trace(recorded_trace(call))]
+            capture = Capture()
+            with torch.no_grad(), capture:
+                original(*a, **k)
+            rows.append({"module": name, "spec": getattr(capture, "spec", None), "real": scratch})
+            return holder["out"]
+        module.forward = forward
+
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+            wrap(name, module)
+    loss = loss_fn(model, batch)
+    loss.backward()
+    optimizer.step()
+    torch.cuda.synchronize()
+    for r in rows:
+        r["probe_same_process"] = _probe(r["spec"]) if r["spec"] else None
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("id")
+    ap.add_argument("--out")
+    ap.add_argument("--child", choices=["real", "probe"], help=argparse.SUPPRESS)
+    ap.add_argument("--spec-file", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child == "real":
+        print(json.dumps(real_pass(args.id)))
+        return 0
+    if args.child == "probe":
+        rows = json.loads(Path(args.spec_file).read_text())
+        print(json.dumps([[_probe(r["spec"]) if r["spec"] else None,
+                           _probe(r["spec"], grad=True) if r["spec"] else None] for r in rows]))
+        return 0
+    me = [sys.executable, str(Path(__file__).resolve())]
+    real = subprocess.run(me + [args.id, "--child", "real"], capture_output=True, text=True)
+    if real.returncode:
+        sys.stderr.write(real.stderr[-4000:])
+        return 1
+    rows = json.loads(real.stdout.strip().splitlines()[-1])
+    spec_file = Path(args.out or "conv_probe_check").with_suffix(".specs.json")
+    spec_file.write_text(json.dumps(rows))
+    probe = subprocess.run(me + [args.id, "--child", "probe", "--spec-file", str(spec_file)],
+                           capture_output=True, text=True)
+    if probe.returncode:
+        sys.stderr.write(probe.stderr[-4000:])
+        return 1
+    fresh = json.loads(probe.stdout.strip().splitlines()[-1])
+    mib = 1 << 20
+    differ = 0
+    for r, (no_grad, grad) in zip(rows, fresh):
+        r["probe_fresh"], r["probe_fresh_grad"] = no_grad, grad
+        same = r["real"] == no_grad
+        differ += not same
+        if not same or r["real"] != r["probe_same_process"]:
+            sizes = {k: [round(s / mib, 3) for s in (r[k] or [])]
+                     for k in ("real", "probe_fresh", "probe_fresh_grad", "probe_same_process")}
+            print(r["module"], [s[1:4] + s[5:] for s in r["spec"][:2]], sizes)
+    print(f"{args.id}: {len(rows)} convolutions, {differ} whose fresh probe differs from the real forward")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"id": args.id, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
