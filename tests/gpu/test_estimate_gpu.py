@@ -122,3 +122,40 @@ def test_kernel_scratch_rules_match_this_gpu():
     rule = sorted(n for n, _ in _rule(aten.embedding_dense_backward.default, grad, idx, 50257, -1, False))
     left = _includes(got, rule)
     assert left is not None and len(left) <= 3 and all(n < 1024 * 1024 for n in left), (got, rule)
+
+
+class _LegacyParams(torch.nn.Module):
+    """Parameters from the legacy `torch.FloatTensor(...)`, which makes them on the CPU
+    whatever the default device (XLNet's attention): a script moves the model with .to()."""
+
+    def __init__(self, d: int = 1024):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.FloatTensor(d, 4 * d).normal_(std=0.02))
+        self.w2 = torch.nn.Parameter(torch.FloatTensor(4 * d, d).normal_(std=0.02))
+
+    def forward(self, x):
+        return torch.relu(x @ self.w1) @ self.w2
+
+
+def _legacy_build():
+    model = _LegacyParams().to(torch.get_default_device())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, optimizer, torch.randn(4096, 1024), lambda m, x: m(x).square().mean()
+
+
+def test_a_model_built_on_the_cpu_and_moved_estimates_as_the_gpu_measures():
+    from memdoctor.predict.estimate import estimate_built
+    from memdoctor.predict.fake_step import train_step
+    est = estimate_built(_legacy_build, device="cuda", settle=False)
+    _fresh()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.device("cuda"):
+        model, optimizer, batch, loss_fn = _legacy_build()
+    for _ in range(2):
+        train_step(model, optimizer, batch, loss_fn)
+    torch.cuda.synchronize()
+    allocated = torch.cuda.max_memory_allocated() - base
+    del model, optimizer, batch
+    _fresh()
+    assert abs(est.peak_allocated_bytes - allocated) <= 0.01 * allocated
