@@ -55,7 +55,7 @@ def _probe(spec: list, grad: bool = False) -> list[int]:
     def call():
         with torch.set_grad_enabled(grad):
             return torch.ops.aten.convolution.default(*args)
-    return [s.size for s in scratch_from_trace(recorded_trace(call))]
+    return [s.nbytes for s in scratch_from_trace(recorded_trace(call))]
 
 
 def real_pass(cid: str) -> list[dict]:
@@ -92,7 +92,7 @@ def real_pass(cid: str) -> list[dict]:
             def call():
                 holder["out"] = original(*a, **k)
                 return holder["out"]
-            scratch = [s.size for s in scratch_from_trace(recorded_trace(call))]
+            scratch = [s.nbytes for s in scratch_from_trace(recorded_trace(call))]
             capture = Capture()
             with torch.no_grad(), capture:
                 original(*a, **k)

@@ -20,9 +20,11 @@ peak, tests/test_data_dependent.py):
 - under autocast, the input and states cast to the autocast dtype and a flat copy of all
   weights in it (aten/src/ATen/cudnn/AutocastRNN.cpp), kept for the backward.
 - a packed sequence's call (`_VF.lstm(data, batch_sizes, hx, ...)`): the output and the input
-  gradient hold its tokens, no batch-first copies; cuDNN's sizes are taken as for the padded
-  batch (its longest sequence at its largest batch), meant as an upper bound: a packed call's
-  own sizes are not measured yet.
+  gradient hold its tokens, no batch-first copies; cuDNN sizes its reserve and workspaces by
+  the batch sizes (a batch of short sentences takes less than the padded one), so the probe
+  runs the packed call with the same batch sizes; where they are unknown, or without a GPU,
+  they are taken as for the padded batch (its longest sequence at its largest batch), an
+  upper bound.
 
 The reserve and workspace sizes are cuDNN's choice (cudnnGetRNNTempSpaceSizes): on a machine
 with a CUDA GPU each distinct RNN is run once there, uninitialised, and measured; without
@@ -67,6 +69,7 @@ class RnnShape:
     seq: int
     dtype: torch.dtype
     bias: bool
+    batch_sizes: tuple[int, ...] = ()      # a packed call's, time step by time step
 
     @property
     def gates(self) -> int:
@@ -107,7 +110,8 @@ def measure(shape: RnnShape, device: str | torch.device = "cuda") -> RnnSizes:
     module = _module(shape).to(device=device, dtype=shape.dtype)
     weights = module._flat_weights
     stride0 = len(weights) // (shape.layers * shape.directions)
-    x = torch.empty(shape.seq, shape.batch, shape.input_size, device=device, dtype=shape.dtype)
+    rows = (sum(shape.batch_sizes),) if shape.batch_sizes else (shape.seq, shape.batch)
+    x = torch.empty(*rows, shape.input_size, device=device, dtype=shape.dtype)
     out_size = shape.proj or shape.hidden
     hx = torch.zeros(shape.layers * shape.directions, shape.batch, out_size, device=device, dtype=shape.dtype)
     cx = torch.zeros(shape.layers * shape.directions, shape.batch, shape.hidden, device=device,
@@ -115,8 +119,9 @@ def measure(shape: RnnShape, device: str | torch.device = "cuda") -> RnnSizes:
     with torch.no_grad():
         weight_buf = torch._cudnn_rnn_flatten_weight(weights, stride0, shape.input_size, mode, shape.hidden,
                                                      shape.proj, shape.layers, False, shape.directions == 2)
+    batch_sizes = list(shape.batch_sizes)
     args = (x, weights, stride0, weight_buf, hx, cx, mode, shape.hidden, shape.proj, shape.layers, False, 0.0, True,
-            shape.directions == 2, [], None)
+            shape.directions == 2, batch_sizes, None)
     result: dict = {}
 
     def forward():
@@ -131,7 +136,7 @@ def measure(shape: RnnShape, device: str | torch.device = "cuda") -> RnnSizes:
         with torch.no_grad():
             return torch.ops.aten._cudnn_rnn_backward(x, weights, stride0, weight_buf, hx, cx, out, *grads, mode,
                                                       shape.hidden, shape.proj, shape.layers, False, 0.0, True,
-                                                      shape.directions == 2, [], None, reserve,
+                                                      shape.directions == 2, batch_sizes, None, reserve,
                                                       [True, True, cx is not None, True])
     backward_trace = recorded_trace(backward, device)
     freed_f = _freed(forward_trace)
@@ -341,12 +346,15 @@ def cudnn_rnns(probe: bool = False, notes: list[str] | None = None, device_type:
             proj = weights[per - 1].shape[0] if name == "lstm" and per in (3, 5) else 0
             lowp = _autocast_dtype(device_type)
             lowp = lowp if lowp is not None and lowp != x.dtype else None
-            if packed:              # cuDNN sizes a packed batch by its longest sequence and largest batch
+            steps: tuple[int, ...] = ()
+            if packed:              # the padded batch's longest sequence and largest batch bound it
                 seq, batch = batch_sizes.shape[0], h0.shape[1]
+                steps = tuple(int(v) for v in batch_sizes.tolist())
+                steps = steps if steps and min(steps) > 0 else ()     # unknown sizes read as 0
             else:
                 seq, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
             shape = RnnShape(name, int(x.shape[-1]), int(hidden), int(proj), int(layers), directions, int(batch),
-                             int(seq), lowp or x.dtype, bool(has_biases))
+                             int(seq), lowp or x.dtype, bool(has_biases), steps)
             training = bool(train) and torch.is_grad_enabled()
             rnn_sizes = sizes.of(shape) if training else RnnSizes(0, bound(shape).forward_workspace, 0, 0)
             with torch.autocast(device_type, enabled=False):

@@ -159,3 +159,54 @@ def test_a_model_built_on_the_cpu_and_moved_estimates_as_the_gpu_measures():
     del model, optimizer, batch
     _fresh()
     assert abs(est.peak_allocated_bytes - allocated) <= 0.01 * allocated
+
+
+class _PackedTagger(torch.nn.Module):
+    def __init__(self, vocab: int = 8000, dim: int = 256, hidden: int = 512):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.lstm = torch.nn.LSTM(dim, hidden, num_layers=2, batch_first=True, bidirectional=True)
+        self.out = torch.nn.Linear(2 * hidden, 32)
+
+    def forward(self, ids, lengths):
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+        packed = pack_padded_sequence(self.embed(ids), lengths, batch_first=True)
+        out, _ = self.lstm(packed)
+        return self.out(pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])[0])
+
+
+def _packed_build():
+    g = torch.Generator(device="cpu").manual_seed(0)
+    lengths = torch.randint(32, 257, (48,), generator=g).sort(descending=True).values
+    lengths[0] = 256
+    ids = torch.randint(1, 8000, (48, 256), generator=g)
+    model = _PackedTagger()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def loss_fn(m, batch):
+        return m(batch[0], batch[1]).float().square().mean()
+    return model, optimizer, (ids.to(torch.get_default_device()), lengths), loss_fn
+
+
+def test_a_packed_lstm_estimates_as_the_gpu_measures():
+    """cuDNN sizes a packed call's reserve by its batch sizes: probed so, not as the padded batch."""
+    from memdoctor.predict.estimate import estimate_built
+    from memdoctor.predict.fake_step import train_step
+    est = estimate_built(_packed_build, device="cuda", settle=False)
+    assert any("cuDNN RNN (lstm): reserve space and workspaces measured" in n for n in est.notes)
+    _fresh()
+    torch.cuda.reset_peak_memory_stats()
+    base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    with torch.device("cuda"):
+        model, optimizer, batch, loss_fn = _packed_build()
+    for _ in range(2):
+        train_step(model, optimizer, batch, loss_fn)
+    torch.cuda.synchronize()
+    allocated = torch.cuda.max_memory_allocated() - base_alloc
+    reserved = torch.cuda.max_memory_reserved() - base_res
+    del model, optimizer, batch
+    _fresh()
+    print(f"packed lstm: allocated {allocated} predicted {est.peak_allocated_bytes}; "
+          f"reserved {reserved} predicted {est.peak_reserved_bytes}")
+    assert abs(est.peak_allocated_bytes - allocated) <= 0.02 * allocated
+    assert abs(est.peak_reserved_bytes - reserved) <= 0.05 * reserved
