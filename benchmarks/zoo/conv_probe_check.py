@@ -3,9 +3,9 @@
 
     python benchmarks/zoo/conv_probe_check.py upernet/bf16/b8 [--out FILE]
 
-In a fresh process: one real training step of the configuration, each Conv module's first
-forward under the allocator's trace (its scratch: the allocations freed before it returned)
-and the aten.convolution arguments it made (shapes, strides, dtypes). Then, in a second
+In a fresh process: one real training step of the configuration, each convolution, forward
+and backward, under the allocator's trace (its scratch: the allocations freed before it
+returned), with its arguments (shapes, strides, dtypes). Then, in a second
 fresh process, the probe on those arguments, as the estimate runs it; and in the first
 process again, after the real step, the same probe (cuDNN's plan cache warm). A row whose
 sizes differ names a convolution where the estimate's workspace is not the GPU's.
@@ -37,7 +37,7 @@ def _describe(args) -> list:
     return out
 
 
-def _probe(spec: list, grad: bool = False) -> list[int]:
+def _probe(op: str, spec: list, grad: bool = False) -> list[int]:
     import torch
 
     from memdoctor.predict.op_probe import recorded_trace, scratch_from_trace
@@ -51,18 +51,22 @@ def _probe(spec: list, grad: bool = False) -> list[int]:
             args.append(t.requires_grad_(grad) if grad and t.is_floating_point() else t)
         else:
             args.append(rest[0])
+    func = getattr(torch.ops.aten, op).default
 
     def call():
         with torch.set_grad_enabled(grad):
-            return torch.ops.aten.convolution.default(*args)
+            return func(*args)
     return [s.nbytes for s in scratch_from_trace(recorded_trace(call))]
 
 
 def real_pass(cid: str) -> list[dict]:
+    """The first step's convolutions, forward and backward, each under the allocator's trace:
+    a dispatch mode sees each aten call (cuDNN picks its algorithm the same under it)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memdoctor.predict.op_probe import recorded_trace, scratch_from_trace
+    from memdoctor.predict.fake_step import train_step
+    from memdoctor.predict.op_probe import PROBED_OPS, recorded_trace, scratch_from_trace
     from memdoctor.remedies import prepare
     from zoo_models import build
     from zoo_traces import _row
@@ -75,40 +79,24 @@ def real_pass(cid: str) -> list[dict]:
         optimizer = prepared.optimizer
     rows: list[dict] = []
 
-    class Capture(TorchDispatchMode):
+    class Watch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten.convolution.default:
-                self.spec = _describe(args)
-            return func(*args, **(kwargs or {}))
-
-    def wrap(name, module):
-        original = module.forward
-
-        def forward(*a, **k):
-            if module.training is False or any(r["module"] == name for r in rows):
-                return original(*a, **k)
-            holder = {}
+            if func not in PROBED_OPS:
+                return func(*args, **(kwargs or {}))
+            held = {}
 
             def call():
-                holder["out"] = original(*a, **k)
-                return holder["out"]
+                held["out"] = func(*args, **(kwargs or {}))
+                return held["out"]
             scratch = [s.nbytes for s in scratch_from_trace(recorded_trace(call))]
-            capture = Capture()
-            with torch.no_grad(), capture:
-                original(*a, **k)
-            rows.append({"module": name, "spec": getattr(capture, "spec", None), "real": scratch})
-            return holder["out"]
-        module.forward = forward
+            rows.append({"op": func.__name__.split(".")[0], "spec": _describe(args), "real": scratch})
+            return held["out"]
 
-    for name, module in model.named_modules():
-        if isinstance(module, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
-            wrap(name, module)
-    loss = loss_fn(model, batch)
-    loss.backward()
-    optimizer.step()
+    with Watch():
+        train_step(model, optimizer, batch, loss_fn, prepared)
     torch.cuda.synchronize()
     for r in rows:
-        r["probe_same_process"] = _probe(r["spec"]) if r["spec"] else None
+        r["probe_same_process"] = _probe(r["op"], r["spec"])
     return rows
 
 
@@ -124,8 +112,7 @@ def main(argv=None) -> int:
         return 0
     if args.child == "probe":
         rows = json.loads(Path(args.spec_file).read_text())
-        print(json.dumps([[_probe(r["spec"]) if r["spec"] else None,
-                           _probe(r["spec"], grad=True) if r["spec"] else None] for r in rows]))
+        print(json.dumps([[_probe(r["op"], r["spec"]), _probe(r["op"], r["spec"], grad=True)] for r in rows]))
         return 0
     me = [sys.executable, str(Path(__file__).resolve())]
     real = subprocess.run(me + [args.id, "--child", "real"], capture_output=True, text=True)
@@ -143,14 +130,14 @@ def main(argv=None) -> int:
     fresh = json.loads(probe.stdout.strip().splitlines()[-1])
     mib = 1 << 20
     differ = 0
-    for r, (no_grad, grad) in zip(rows, fresh):
+    for n, (r, (no_grad, grad)) in enumerate(zip(rows, fresh)):
         r["probe_fresh"], r["probe_fresh_grad"] = no_grad, grad
         same = r["real"] == no_grad
         differ += not same
         if not same or r["real"] != r["probe_same_process"]:
             sizes = {k: [round(s / mib, 3) for s in (r[k] or [])]
                      for k in ("real", "probe_fresh", "probe_fresh_grad", "probe_same_process")}
-            print(r["module"], [s[1:4] + s[5:] for s in r["spec"][:2]], sizes)
+            print(n, r["op"], [s[1:4] + s[5:] for s in r["spec"][:3]], sizes)
     print(f"{args.id}: {len(rows)} convolutions, {differ} whose fresh probe differs from the real forward")
     if args.out:
         Path(args.out).write_text(json.dumps({"id": args.id, "rows": rows}, indent=1))

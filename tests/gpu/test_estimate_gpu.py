@@ -177,9 +177,9 @@ class _PackedTagger(torch.nn.Module):
 
 def _packed_build():
     g = torch.Generator(device="cpu").manual_seed(0)
-    lengths = torch.randint(32, 257, (48,), generator=g).sort(descending=True).values
+    lengths = torch.randint(32, 257, (48,), generator=g, device="cpu").sort(descending=True).values
     lengths[0] = 256
-    ids = torch.randint(1, 8000, (48, 256), generator=g)
+    ids = torch.randint(1, 8000, (48, 256), generator=g, device="cpu")
     model = _PackedTagger()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
