@@ -7,7 +7,8 @@ In a fresh process: one real training step of the configuration, each convolutio
 and backward, under the allocator's trace (its scratch: the allocations freed before it
 returned), with its arguments (shapes, strides, dtypes). Then, in a second
 fresh process, the probe on those arguments, as the estimate runs it; and in the first
-process again, after the real step, the same probe (cuDNN's plan cache warm). A row whose
+process again, after the real step, the same probe (cuDNN's plan cache warm); and, in a third,
+the configuration's estimate, with what its own probe measured for the same arguments. A row whose
 sizes differ names a convolution where the estimate's workspace is not the GPU's.
 """
 from __future__ import annotations
@@ -100,15 +101,34 @@ def real_pass(cid: str) -> list[dict]:
     return rows
 
 
+def estimate_pass(cid: str) -> list[dict]:
+    """The estimate's own probe results (memdoctor.predict.op_probe.MEASURED) after the
+    configuration's default estimate in this process: each distinct call's tensors and scratch."""
+    from memdoctor.predict import op_probe
+    from memdoctor.predict.config import estimate_config
+    from zoo_accuracy import ZOO_SCRIPT, _script_args
+    from zoo_traces import _row
+    row = _row(cid)
+    estimate_config(script=str(ZOO_SCRIPT), script_args=_script_args(row), plan=row["plan"])
+    out = []
+    for (_, key), scratch in op_probe.MEASURED.items():
+        tensors = [[list(x[1]), list(x[2]), x[3]] for x in key[1] if x[0] == "tensor"]
+        out.append({"tensors": tensors, "scratch": [s.nbytes for s in scratch]})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("id")
     ap.add_argument("--out")
-    ap.add_argument("--child", choices=["real", "probe"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["real", "probe", "estimate"], help=argparse.SUPPRESS)
     ap.add_argument("--spec-file", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child == "real":
         print(json.dumps(real_pass(args.id)))
+        return 0
+    if args.child == "estimate":
+        print(json.dumps(estimate_pass(args.id)))
         return 0
     if args.child == "probe":
         rows = json.loads(Path(args.spec_file).read_text())
@@ -128,15 +148,21 @@ def main(argv=None) -> int:
         sys.stderr.write(probe.stderr[-4000:])
         return 1
     fresh = json.loads(probe.stdout.strip().splitlines()[-1])
+    est = subprocess.run(me + [args.id, "--child", "estimate"], capture_output=True, text=True)
+    if est.returncode:
+        sys.stderr.write(est.stderr[-4000:])
+        return 1
+    in_estimate = {json.dumps(r["tensors"]): r["scratch"] for r in json.loads(est.stdout.strip().splitlines()[-1])}
     mib = 1 << 20
     differ = 0
     for n, (r, (no_grad, grad)) in enumerate(zip(rows, fresh)):
         r["probe_fresh"], r["probe_fresh_grad"] = no_grad, grad
+        r["estimate_probe"] = in_estimate.get(json.dumps([s[1:4] for s in r["spec"] if s[0] == "tensor"]))
         same = r["real"] == no_grad
         differ += not same
-        if not same or r["real"] != r["probe_same_process"]:
+        if not same or r["real"] != r["probe_same_process"] or r["real"] != r["estimate_probe"]:
             sizes = {k: [round(s / mib, 3) for s in (r[k] or [])]
-                     for k in ("real", "probe_fresh", "probe_fresh_grad", "probe_same_process")}
+                     for k in ("real", "probe_fresh", "probe_fresh_grad", "probe_same_process", "estimate_probe")}
             print(n, r["op"], [s[1:4] + s[5:] for s in r["spec"][:3]], sizes)
     print(f"{args.id}: {len(rows)} convolutions, {differ} whose fresh probe differs from the real forward")
     if args.out:
