@@ -18,7 +18,10 @@ peak, tests/test_data_dependent.py):
   data workspace; then the input copy again, one zeroed weight-gradient buffer that every
   parameter's gradient is a view of, and the weight workspace;
 - under autocast, the input and states cast to the autocast dtype and a flat copy of all
-  weights in it (aten/src/ATen/cudnn/AutocastRNN.cpp), kept for the backward.
+  weights in it (aten/src/ATen/cudnn/AutocastRNN.cpp), kept for the backward;
+- with dropout in training: cuDNN's dropout generator states, made by the first such call
+  on a GPU and cached by torch from then on (RNN.cpp get_dropout_state); the reserve then
+  holds the masks too, so the probe runs with the same dropout.
 - a packed sequence's call (`_VF.lstm(data, batch_sizes, hx, ...)`): the output and the input
   gradient hold its tokens, no batch-first copies; cuDNN sizes its reserve and workspaces by
   the batch sizes (a batch of short sentences takes less than the padded one), so the probe
@@ -70,6 +73,7 @@ class RnnShape:
     dtype: torch.dtype
     bias: bool
     batch_sizes: tuple[int, ...] = ()      # a packed call's, time step by time step
+    dropout: float = 0.0                   # between layers, in training: cuDNN's reserve holds the masks
 
     @property
     def gates(self) -> int:
@@ -84,6 +88,7 @@ class RnnSizes:
     backward_data_workspace: int
     backward_weight_workspace: int
     measured: bool = False
+    dropout_state: int = 0      # cuDNN's dropout generator states, made once per GPU and kept
 
 
 def bound(shape: RnnShape) -> RnnSizes:
@@ -120,8 +125,10 @@ def measure(shape: RnnShape, device: str | torch.device = "cuda") -> RnnSizes:
         weight_buf = torch._cudnn_rnn_flatten_weight(weights, stride0, shape.input_size, mode, shape.hidden,
                                                      shape.proj, shape.layers, False, shape.directions == 2)
     batch_sizes = list(shape.batch_sizes)
-    args = (x, weights, stride0, weight_buf, hx, cx, mode, shape.hidden, shape.proj, shape.layers, False, 0.0, True,
-            shape.directions == 2, batch_sizes, None)
+    state = torch._cudnn_init_dropout_state(shape.dropout, True, 0, dtype=torch.uint8, device=device) \
+        if shape.dropout > 0 else None
+    args = (x, weights, stride0, weight_buf, hx, cx, mode, shape.hidden, shape.proj, shape.layers, False,
+            shape.dropout, True, shape.directions == 2, batch_sizes, state)
     result: dict = {}
 
     def forward():
@@ -135,15 +142,17 @@ def measure(shape: RnnShape, device: str | torch.device = "cuda") -> RnnSizes:
     def backward():
         with torch.no_grad():
             return torch.ops.aten._cudnn_rnn_backward(x, weights, stride0, weight_buf, hx, cx, out, *grads, mode,
-                                                      shape.hidden, shape.proj, shape.layers, False, 0.0, True,
-                                                      shape.directions == 2, batch_sizes, None, reserve,
+                                                      shape.hidden, shape.proj, shape.layers, False,
+                                                      shape.dropout, True, shape.directions == 2, batch_sizes,
+                                                      state, reserve,
                                                       [True, True, cx is not None, True])
     backward_trace = recorded_trace(backward, device)
     freed_f = _freed(forward_trace)
     freed_b = _freed(backward_trace)
     sizes = RnnSizes(reserve.numel(), max(freed_f, default=0), max(freed_b[:1], default=0),
-                     max(freed_b[1:], default=0), measured=True)
-    del module, weights, x, hx, cx, weight_buf, out, hy, cy, reserve, grads, result
+                     max(freed_b[1:], default=0), measured=True,
+                     dropout_state=state.numel() if state is not None else 0)
+    del module, weights, x, hx, cx, weight_buf, out, hy, cy, reserve, grads, result, state
     torch.cuda.empty_cache()
     MEASURED[(gpu, shape)] = sizes
     return sizes
@@ -183,6 +192,13 @@ class _Sizes:
     def __init__(self, probe: bool):
         self.probe = probe
         self.seen: dict[RnnShape, RnnSizes] = {}
+        self.dropout_state: torch.Tensor | None = None      # made at the first call with dropout, kept
+
+    def make_dropout_state(self, sizes: RnnSizes, like: torch.Tensor) -> None:
+        """cuDNN's dropout states, made by the first training call with dropout on this GPU
+        (before its output) and cached by torch for the process's lifetime."""
+        if self.dropout_state is None and sizes.dropout_state:
+            self.dropout_state = _empty(sizes.dropout_state, like)
 
     def of(self, shape: RnnShape) -> RnnSizes:
         if shape not in self.seen:
@@ -353,10 +369,13 @@ def cudnn_rnns(probe: bool = False, notes: list[str] | None = None, device_type:
                 steps = steps if steps and min(steps) > 0 else ()     # unknown sizes read as 0
             else:
                 seq, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-            shape = RnnShape(name, int(x.shape[-1]), int(hidden), int(proj), int(layers), directions, int(batch),
-                             int(seq), lowp or x.dtype, bool(has_biases), steps)
             training = bool(train) and torch.is_grad_enabled()
+            shape = RnnShape(name, int(x.shape[-1]), int(hidden), int(proj), int(layers), directions, int(batch),
+                             int(seq), lowp or x.dtype, bool(has_biases), steps,
+                             float(dropout) if bool(train) else 0.0)
             rnn_sizes = sizes.of(shape) if training else RnnSizes(0, bound(shape).forward_workspace, 0, 0)
+            if training:
+                sizes.make_dropout_state(rnn_sizes, x)
             with torch.autocast(device_type, enabled=False):
                 out, hy, cy = _FusedRNN.apply((shape, rnn_sizes, bool(batch_first), lowp, packed), x, h0, c0,
                                               *weights)
