@@ -423,3 +423,27 @@ def test_the_parts_of_an_unknown_partition_share_its_elements(tensor_levels):
     pooled = [b.shape[0] for b in est.run.blocks.values() if b.name == "aten.addmm" and b.shape[-1] == 1024]
     assert pooled and sum(pooled) == 600 * 2 and max(pooled) == 600, pooled     # two steps
     assert any("pyramid level" in n for n in est.notes)
+
+
+def test_cudnn_dropout_states_are_made_again_after_the_random_state_is_set():
+    """torch caches cuDNN's dropout states and makes them anew at the first call after the
+    generator's state was set; torch.utils.checkpoint sets it to recompute, so a checkpointed
+    LSTM with dropout makes them at every call (the H200's trace of the held-out packed LSTM)."""
+    from memdoctor.predict.fused_rnn import RnnSizes, _rng_sets_noted, _Sizes
+    sizes = _Sizes(probe=False)
+    with_states = RnnSizes(0, 0, 0, 0, measured=True, dropout_state=4096)
+    like = torch.empty(1)
+    with _rng_sets_noted(sizes):
+        sizes.make_dropout_state(with_states, like)
+        first = sizes.dropout_state
+        sizes.make_dropout_state(with_states, like)
+        assert sizes.dropout_state is first and first.numel() == 4096          # cached
+        x = torch.randn(4, requires_grad=True)
+        torch.utils.checkpoint.checkpoint(lambda t: torch.nn.functional.dropout(t, 0.5).sum(), x,
+                                          use_reentrant=False).backward()     # recomputes: sets the state
+        sizes.make_dropout_state(with_states, like)
+        assert sizes.dropout_state is not first                                # made anew
+        again = sizes.dropout_state
+        sizes.make_dropout_state(with_states, like)
+        assert sizes.dropout_state is again
+    assert torch.set_rng_state.__name__ == "set_rng_state" and not hasattr(torch.set_rng_state, "__wrapped__")

@@ -790,3 +790,30 @@ def test_the_standins_functions_are_torchs_own_again_afterwards():
     assert (F.scaled_dot_product_attention, F.dropout, torch.clear_autocast_cache) == before
     with torch.autocast("cpu", dtype=torch.bfloat16):      # CPU autocast's own rules again
         assert torch.softmax(x.to(torch.bfloat16), -1).dtype == torch.bfloat16
+
+
+def test_convolutions_measured_on_a_busy_gpu_are_said_to_be_possibly_small():
+    from memdoctor.predict.op_probe import short_memory_note
+    gib = 1024 ** 3
+    assert short_memory_note(None, None) == ""                      # nothing measured
+    assert short_memory_note(100 * gib, 140 * gib) == ""            # an idle GPU
+    note = short_memory_note(3 * gib, 140 * gib)                    # another process holds most of it
+    assert "3.0 of the GPU's 140.0 GiB free" in note and "estimate again with the GPU free" in note
+
+
+def test_an_index_select_backward_accumulates_in_place_as_the_plain_run_does():
+    # index_select_backward adds the gradient into fresh zeros in place on plain tensors and
+    # out of place under a dispatch mode: the estimate keeps one block, whose peak is the plain run's
+    n, d = 4096, 1024
+    rows = torch.randperm(n, generator=torch.Generator().manual_seed(0))[: n // 2].clone()
+    model_fn = lambda: nn.Linear(16, d)                              # noqa: E731
+    opt_fn = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)       # noqa: E731
+    batch_fn = lambda: torch.randn(n, 16)                            # noqa: E731
+    loss = lambda m, x: m(x).index_select(0, rows).sum()             # noqa: E731
+    est = estimate(model_fn, opt_fn, batch_fn, loss, device="cpu")
+    model, batch = model_fn(), batch_fn()
+    opt = opt_fn(model)
+    measured = _plain_peak_bytes(lambda: [train_step(model, opt, batch, loss) for _ in range(2)])
+    before = sum(p.numel() * 4 for p in model.parameters()) + batch.numel() * 4 + rows.numel() * 8
+    assert abs(est.live_peak_bytes - before - measured) <= 1024     # 16 MiB more with the copy
+    assert not [b for b in est.run.blocks.values() if b.name == "aten.index_add"]

@@ -94,7 +94,7 @@ from memdoctor.predict.kernel_watch import (
     scratch_events,
     workspace_events,
 )
-from memdoctor.predict.op_probe import ConvProbe
+from memdoctor.predict.op_probe import ConvProbe, short_memory_note
 from memdoctor.predict.replay import Replay, check_budget, counted_blocks, replay
 from memdoctor.predict.result import Estimate
 from memdoctor.predict.step_time import fused_adamw_work
@@ -403,7 +403,7 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
     outputs of ops whose kernels make them in another order in that order. Returns the
     workspaces' bytes."""
     run, watch = fake.run, fake.watch
-    conv_note, convs_measured = "", False
+    conv_note, convs_measured, short_memory = "", False, ""
     if conv_probe is not None and conv_probe.uses:
         try:
             measured = conv_probe.measure(torch.device("cuda"))
@@ -412,6 +412,7 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
                          f"({torch.cuda.get_device_name()}), each of the {len(measured)} distinct convolutions "
                          "run once on uninitialised tensors")
             convs_measured = True
+            short_memory = short_memory_note(conv_probe.free_bytes, conv_probe.total_bytes)
         except Exception as exc:
             conv_note = f"convolutions: measuring cuDNN's workspaces on this GPU failed ({_first_line(exc)})"
     reorder_allocations(run, watch.reorders)        # before the inserts: the spans' indices are the Run's
@@ -430,6 +431,8 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
                  "counted as 'other' and never freed")
     if conv_note:
         notes.append(conv_note)
+    if short_memory:
+        notes.append(short_memory)
     if not convs_measured and any(b.name.startswith(("aten.convolution", "aten.cudnn")) for b in run.blocks.values()):
         notes.append("convolutions: cuDNN allocates its workspace inside each call and frees it "
                      "before returning; its size is cuDNN's choice per shape, GPU and version, and is "

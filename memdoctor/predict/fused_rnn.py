@@ -20,8 +20,9 @@ peak, tests/test_data_dependent.py):
 - under autocast, the input and states cast to the autocast dtype and a flat copy of all
   weights in it (aten/src/ATen/cudnn/AutocastRNN.cpp), kept for the backward;
 - with dropout in training: cuDNN's dropout generator states, made by the first such call
-  on a GPU and cached by torch from then on (RNN.cpp get_dropout_state); the reserve then
-  holds the masks too, so the probe runs with the same dropout.
+  on a GPU and cached by torch, made anew by the first call after the random state was set
+  (RNN.cpp get_dropout_state: with checkpointing, at every call); the reserve then holds the
+  masks too, so the probe runs with the same dropout.
 - a packed sequence's call (`_VF.lstm(data, batch_sizes, hx, ...)`): the output and the input
   gradient hold its tokens, no batch-first copies; cuDNN sizes its reserve and workspaces by
   the batch sizes (a batch of short sentences takes less than the padded one), so the probe
@@ -193,12 +194,16 @@ class _Sizes:
         self.probe = probe
         self.seen: dict[RnnShape, RnnSizes] = {}
         self.dropout_state: torch.Tensor | None = None      # made at the first call with dropout, kept
+        self.rng_set = False                    # the random state was set since the last one was made
 
     def make_dropout_state(self, sizes: RnnSizes, like: torch.Tensor) -> None:
         """cuDNN's dropout states, made by the first training call with dropout on this GPU
-        (before its output) and cached by torch for the process's lifetime."""
-        if self.dropout_state is None and sizes.dropout_state:
+        (before its output) and cached by torch, made anew (the old ones freed after) by the
+        first such call after the generator's state was set: a seed, or
+        torch.utils.checkpoint restoring the state to recompute, and again after."""
+        if sizes.dropout_state and (self.dropout_state is None or self.rng_set):
             self.dropout_state = _empty(sizes.dropout_state, like)
+            self.rng_set = False
 
     def of(self, shape: RnnShape) -> RnnSizes:
         if shape not in self.seen:
@@ -291,10 +296,11 @@ class _FusedRNN(torch.autograd.Function):
 
 def _flatten_as_cudnn(module, device_type: str) -> bool:
     """On a GPU, nn.RNNBase gathers its weights into one buffer as soon as they are there (at
-    construction, after .to()): torch._cudnn_rnn_flatten_weight allocates the buffer, every
-    weight becomes a view of it and their own storages are freed. On fake tensors (data
-    pointer 0 for all) nn.RNNBase never does, and on the CPU standing in for CUDA neither:
-    done here for those, with the same allocation and frees. Whether it was done."""
+    construction, and again after every .to(), even one that moves nothing):
+    torch._cudnn_rnn_flatten_weight allocates a new buffer each time, every weight becomes a
+    view of it and the storages they had are freed. On fake tensors (data pointer 0 for all)
+    nn.RNNBase never does, and on the CPU standing in for CUDA neither: done here for those,
+    with the same allocation and frees. Whether it was done."""
     weights = module._flat_weights
     if not weights or not all(isinstance(w, torch.Tensor) for w in weights):
         return False
@@ -303,8 +309,6 @@ def _flatten_as_cudnn(module, device_type: str) -> bool:
         return False
     if any(w.dtype != first.dtype or w.device != first.device for w in weights):
         return False
-    if len({w.untyped_storage()._cdata for w in weights}) == 1:
-        return True                 # one buffer already
     with torch.no_grad():
         flat = torch.empty(sum(w.numel() for w in weights), dtype=first.dtype, device=first.device)
         offset = 0
@@ -389,7 +393,7 @@ def cudnn_rnns(probe: bool = False, notes: list[str] | None = None, device_type:
     def flatten_parameters(module) -> None:
         if not _flatten_as_cudnn(module, device_type):
             flatten(module)
-    with vf_replaced({name: functools.partial(make, name) for name in _MODES}):
+    with vf_replaced({name: functools.partial(make, name) for name in _MODES}), _rng_sets_noted(sizes):
         torch.nn.RNNBase.flatten_parameters = flatten_parameters
         try:
             yield sizes
@@ -397,3 +401,29 @@ def cudnn_rnns(probe: bool = False, notes: list[str] | None = None, device_type:
             torch.nn.RNNBase.flatten_parameters = flatten
             if notes is not None:
                 notes.extend(sizes.notes())
+
+
+# Where a script, torch.random.fork_rng or torch.utils.checkpoint sets the random state; the
+# CPU's with the GPU's, so the CPU's call stands for both where a CPU stands in for CUDA.
+_RNG_SETTERS = ((torch, "set_rng_state"), (torch, "manual_seed"), (torch.cuda, "set_rng_state"),
+                (torch.cuda, "set_rng_state_all"), (torch.cuda, "manual_seed"), (torch.cuda, "manual_seed_all"))
+
+
+@contextlib.contextmanager
+def _rng_sets_noted(sizes: _Sizes):
+    """Note in `sizes` each time the random state is set, until the block ends."""
+    originals = [(owner, name, getattr(owner, name)) for owner, name in _RNG_SETTERS if hasattr(owner, name)]
+
+    def noting(original):
+        @functools.wraps(original)
+        def setter(*args, **kwargs):
+            sizes.rng_set = True
+            return original(*args, **kwargs)
+        return setter
+    for owner, name, original in originals:
+        setattr(owner, name, noting(original))
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)

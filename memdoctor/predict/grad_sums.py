@@ -1,7 +1,8 @@
 """The gradient sums autograd's engine makes in place on a GPU, and the other in-place ops
 real tensors get where subclass-like ones (a FakeTensor) get an out-of-place copy: F.linear's
-bias added after its matmul (memdoctor.predict.linear_bias) and the indexing backward's
-accumulation into fresh zeros (KernelWatch._note_index_backward); found in the fake step's
+bias added after its matmul (memdoctor.predict.linear_bias) and the indexing and
+index_select backwards' accumulation into fresh zeros (KernelWatch._note_index_backward,
+_note_index_select_backward); found in the fake step's
 Run (which has each as a new allocation and a free) and merged into one block each."""
 from __future__ import annotations
 

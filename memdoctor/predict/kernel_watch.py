@@ -108,6 +108,9 @@ class KernelWatch(LeanDispatchMode):
         if func is torch.ops.aten.index_put.default:
             self._note_index_backward(args, kwargs, out, before)
             return
+        if func is torch.ops.aten.index_add.default:
+            self._note_index_select_backward(args, out, before)
+            return
         if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2 or torch.is_grad_enabled() or \
                 in_linear():
             return
@@ -156,7 +159,19 @@ class KernelWatch(LeanDispatchMode):
         accumulate = args[3] if len(args) > 3 else (kwargs or {}).get("accumulate", False)
         if accumulate is not True or not args or not isinstance(out, torch.Tensor):
             return
-        zeros = args[0]
+        self._note_into_zeros(args[0], out, before)
+
+    def _note_index_select_backward(self, args, out, before: int) -> None:
+        """Note index_select's backward: `index_select_backward` (FunctionsManual.cpp) adds the
+        gradient into fresh zeros in place, `new_zeros(sizes).index_add_(dim, index, grad)`,
+        on real tensors and with the out-of-place `index_add` when one is subclass-like (the
+        H200's trace of an unsorted pack_padded_sequence, which index_selects its input: one
+        block where the fake run has two); merged as the indexing backward's."""
+        if args and isinstance(out, torch.Tensor):
+            self._note_into_zeros(args[0], out, before)
+
+    def _note_into_zeros(self, zeros, out: torch.Tensor, before: int) -> None:
+        """The zeros count when this node made them and they are dense and not a view."""
         if not isinstance(zeros, torch.Tensor) or zeros._is_view() or not _dense(zeros) or zeros.shape != out.shape:
             return
         blocks = [self._block_of(zeros), self._block_of(out)]

@@ -124,6 +124,8 @@ class ConvProbe:
     def __init__(self):
         self.keys: dict[tuple, Any] = {}        # key -> (func, tree)
         self.uses: list[tuple[int, int, tuple]] = []
+        self.free_bytes: int | None = None      # the GPU's free memory as the first new one ran
+        self.total_bytes: int | None = None
 
     def note(self, func, args, kwargs, before: int, after: int) -> None:
         if func not in PROBED_OPS:
@@ -142,6 +144,8 @@ class ConvProbe:
         try:
             for key, (func, tree) in self.keys.items():
                 if (gpu, key) not in MEASURED:
+                    if not ran:
+                        self.free_bytes, self.total_bytes = torch.cuda.mem_get_info(gpu)
                     MEASURED[(gpu, key)] = probe(func, key, tree, device)
                     ran = True
                 got[key] = MEASURED[(gpu, key)]
@@ -149,6 +153,21 @@ class ConvProbe:
             if ran:
                 torch.cuda.empty_cache()
         return got
+
+
+def short_memory_note(free_bytes: int | None, total_bytes: int | None) -> str:
+    """A warning when the convolutions were measured on a GPU less than half free: cuDNN
+    takes the first algorithm whose workspace it can allocate, so with other processes'
+    memory in the way it measures smaller workspaces than an idle GPU's (a speech encoder's
+    first convolution asks for 760 MiB in one call on an H200; wav2vec2 fp32 batch 8,
+    estimated beside GPU tests that fill the H200 to their budgets, came out 38% under its reserved peak:
+    benchmarks/results/zoo_reestimated_h200_2026-12-03_dcfcb40.log)."""
+    if free_bytes is None or not total_bytes or free_bytes >= total_bytes // 2:
+        return ""
+    gib = 1024 ** 3
+    return (f"convolutions: measured with {free_bytes / gib:.1f} of the GPU's {total_bytes / gib:.1f} GiB free; "
+            "cuDNN takes a smaller workspace when a larger one does not fit, so on an idle GPU the workspaces, "
+            "and the reserved peak, can be larger: estimate again with the GPU free")
 
 
 # (GPU index, spec_of key) -> the scratch measured there, for this process's lifetime
