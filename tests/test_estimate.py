@@ -817,3 +817,22 @@ def test_an_index_select_backward_accumulates_in_place_as_the_plain_run_does():
     before = sum(p.numel() * 4 for p in model.parameters()) + batch.numel() * 4 + rows.numel() * 8
     assert abs(est.live_peak_bytes - before - measured) <= 1024     # 16 MiB more with the copy
     assert not [b for b in est.run.blocks.values() if b.name == "aten.index_add"]
+
+
+def test_pointwise_ops_on_an_ambiguous_layout_give_contiguous_outputs_as_the_kernels_do():
+    # N x C x 1 x 1 with channels-last strides is contiguous too: TensorIterator makes the
+    # output plainly contiguous, the meta kernels keep the input's strides
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from memdoctor.predict.kernel_layouts import KernelLayouts
+    ambiguous = torch.empty_strided((8, 512, 1, 1), (512, 1, 512, 512))
+    channels_last = torch.empty(8, 512, 4, 4).to(memory_format=torch.channels_last)
+    cases = [lambda x: torch.relu(x), lambda x: x * 2 + 1, lambda x: torch.nn.functional.gelu(x),
+             lambda x: x + x.exp(), lambda x: torch.nn.functional.leaky_relu(x, 0.1)]
+    for x in (ambiguous, channels_last):
+        real = [f(x).stride() for f in cases]
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake_x = mode.from_tensor(x)
+            with KernelLayouts():
+                fake = [f(fake_x).stride() for f in cases]
+        assert fake == real
+    assert real[0] == (8192, 1, 2048, 512)      # a channels-last input stays so
