@@ -42,8 +42,9 @@ def fake_parameters_move():
     built on the CPU and moved, as XLNet's legacy `torch.FloatTensor` parameters are, stays
     on the CPU, and its first matmul with a CUDA input fails); from 2.13 it swaps the
     tensors, which fails for a fake tensor converted from a real one (FakeTensorMode keeps a
-    weak reference to it). Here a fake parameter fn changes is swapped with its new value
-    where it can be (the object the optimizer holds stays the same), else replaced."""
+    weak reference to it). Here a fake parameter fn moves to another device is swapped with
+    its new value where it can be (the object the optimizer holds stays the same), else
+    replaced; one fn converts on its device gets its `.data` set, as a real one does."""
     from torch._subclasses.fake_tensor import FakeTensor
     original = nn.Module._apply
 
@@ -58,13 +59,20 @@ def fake_parameters_move():
                 continue
             with torch.no_grad():
                 applied = fn(param)
-            grad = param.grad
-            if applied is not param:
-                param = _moved(self, key, param, nn.Parameter(applied, requires_grad=param.requires_grad))
-            if grad is not None:
-                with torch.no_grad():
+                grad = param.grad
+                if applied is not param and applied.device == param.device:
+                    param.data = applied                # as torch converts a real one
+                elif applied is not param:
+                    param = _moved(self, key, param, nn.Parameter(applied, requires_grad=param.requires_grad))
+                if grad is not None:
                     grad_applied = fn(grad)
-                param.grad = grad_applied if grad_applied is grad else grad_applied.requires_grad_(grad.requires_grad)
+                    if grad_applied is not grad and grad_applied.device == grad.device:
+                        grad.data = grad_applied
+                        param.grad = grad
+                    elif grad_applied is not grad:
+                        param.grad = grad_applied.requires_grad_(grad.requires_grad)
+                    else:
+                        param.grad = grad
         for key, buf in self._buffers.items():
             if buf is not None:
                 self._buffers[key] = fn(buf)
