@@ -2,6 +2,7 @@
 (memdoctor/predict/op_probe.py) measures for the same shapes, on this machine's GPU.
 
     python benchmarks/zoo/conv_probe_check.py upernet/bf16/b8 [--out FILE]
+    python benchmarks/zoo/conv_probe_check.py upernet/bf16/b8 --layouts FILE   # no GPU needed
 
 In a fresh process: one real training step of the configuration, each convolution, forward
 and backward, under the allocator's trace (its scratch: the allocations freed before it
@@ -117,13 +118,47 @@ def estimate_pass(cid: str) -> list[dict]:
     return out
 
 
+def estimate_layouts(cid: str, result: str) -> int:
+    """Without a GPU: the convolutions the configuration's estimate would probe (shapes,
+    strides, dtypes), against those of the real step in an earlier result of this script.
+    A convolution of the real step missing here is one the fake step lays out otherwise."""
+    from memdoctor.predict import estimate as estimate_module, op_probe
+    from memdoctor.predict.config import estimate_config
+    from zoo_accuracy import ZOO_SCRIPT, _script_args
+    from zoo_traces import _row
+    probed: set[str] = set()
+
+    def measure(self, device="cuda"):
+        probed.update(json.dumps([[list(x[1]), list(x[2]), x[3]] for x in key[1] if x[0] == "tensor"])
+                      for key in self.keys)
+        return {key: [] for key in self.keys}
+    can_probe, real_measure = estimate_module._Target.can_probe, op_probe.ConvProbe.measure
+    estimate_module._Target.can_probe = property(lambda self: True)
+    op_probe.ConvProbe.measure = measure
+    try:
+        row = _row(cid)
+        estimate_config(script=str(ZOO_SCRIPT), script_args=_script_args(row), plan=row["plan"])
+    finally:
+        estimate_module._Target.can_probe, op_probe.ConvProbe.measure = can_probe, real_measure
+    rows = json.loads(Path(result).read_text())["rows"]
+    real = {json.dumps([s[1:4] for s in r["spec"] if s[0] == "tensor"]) for r in rows}
+    for missing in sorted(real - probed):
+        print("laid out otherwise in the fake step:", missing)
+    print(f"{cid}: {len(real)} distinct convolutions in the real step, {len(real & probed)} of them in the "
+          f"estimate's, {len(probed - real)} of the estimate's not in the real step")
+    return 0 if real == probed else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("id")
     ap.add_argument("--out")
+    ap.add_argument("--layouts", metavar="RESULT", help="no GPU: compare the estimate's convolutions with a result's")
     ap.add_argument("--child", choices=["real", "probe", "estimate"], help=argparse.SUPPRESS)
     ap.add_argument("--spec-file", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.layouts:
+        return estimate_layouts(args.id, args.layouts)
     if args.child == "real":
         print(json.dumps(real_pass(args.id)))
         return 0
