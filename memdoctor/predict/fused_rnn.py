@@ -89,7 +89,7 @@ class RnnSizes:
     backward_data_workspace: int
     backward_weight_workspace: int
     measured: bool = False
-    dropout_state: int = 0      # cuDNN's dropout generator states, made once per GPU and kept
+    dropout_state: int = 0      # cuDNN's dropout generator states (torch makes and caches them)
 
 
 def bound(shape: RnnShape) -> RnnSizes:
