@@ -40,19 +40,14 @@ def _describe(args) -> list:
 
 
 def _probe(op: str, spec: list, grad: bool = False) -> list[int]:
+    """The scratch of one call of aten.`op` on uninitialised tensors of `spec`, as the
+    estimate's probe runs it (`grad`: with the tensors requiring grad, under grad mode)."""
     import torch
 
-    from memdoctor.predict.op_probe import recorded_trace, scratch_from_trace
-    args = []
-    for kind, *rest in spec:
-        if kind == "tensor":
-            shape, stride, dtype, offset, _ = rest
-            size = offset + sum((n - 1) * s for n, s in zip(shape, stride)) + 1 if all(shape) else 0
-            base = torch.empty(size, dtype=getattr(torch, dtype), device="cuda")
-            t = base.as_strided(shape, stride, offset)
-            args.append(t.requires_grad_(grad) if grad and t.is_floating_point() else t)
-        else:
-            args.append(rest[0])
+    from memdoctor.predict.op_probe import _materialize, recorded_trace, scratch_from_trace
+    args = _materialize([tuple(s[:5]) if s[0] == "tensor" else tuple(s) for s in spec], torch.device("cuda"))
+    if grad:
+        args = [a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
     func = getattr(torch.ops.aten, op).default
 
     def call():

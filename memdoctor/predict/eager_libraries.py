@@ -17,13 +17,17 @@ scripted from (torch keeps them as `_torchdynamo_inline`), so their ops run one 
 on any thread, backward's included; the rest of TorchScript runs unoptimized and unfused.
 The memory is the same but for a fused kernel's temporaries.
 
-torch's `Module._apply` (behind `module.to()`, `.float()`, `.cuda()`) swaps a fake parameter
-for a new one, which fails once the autograd graph holds it ("Couldn't swap Linear.weight"),
-where a real parameter gets its `.data` set. Models convert submodules inside forward
-(Switch Transformers' router: `self.classifier = self.classifier.to(self.dtype)`, most often
-to the dtype it has). While `eager()` is active, where torch cannot swap them, a module's fake
-parameters convert as real ones do: nothing for a conversion that changes nothing, `.data` set
-for one that does.
+torch's `Module._apply` (behind `module.to()`, `.float()`, `.cuda()`) does not convert fake
+parameters as it converts real ones. From 2.13 it swaps each for a new one, which fails once
+the autograd graph holds it ("Couldn't swap Linear.weight"; models convert submodules inside
+forward, Switch Transformers' router `self.classifier = self.classifier.to(self.dtype)`) and
+for one converted from a real tensor (FakeTensorMode keeps a weak reference to it); up to 2.12
+it sets `.data`, which leaves a FakeTensor's device where it was (pytorch#91655: XLNet's
+parameters, made on the CPU by the legacy `torch.FloatTensor(...)` and moved with `.to()`,
+stay there, and its first matmul with a CUDA input fails). While `eager()` is active a
+module's fake parameters convert as real ones do: nothing for a conversion that changes
+nothing, `.data` set for one on the same device; one moved to another device is swapped
+where it can be (the object the optimizer holds stays the same), else replaced.
 
 A real 0-d tensor formats as its value (`f"expert_{idx}"` is "expert_3"); a fake one as its
 repr, since `Tensor.__format__` reads the value only of an exact torch.Tensor. Switch
@@ -121,34 +125,48 @@ def _fake(t) -> bool:
 
 
 def _apply_as_on_real_tensors(original):
-    """Module._apply that, where torch cannot swap a module's fake parameters, converts them as
-    torch converts real ones: nothing for a conversion that changes nothing, `.data` set
-    otherwise. Its children are converted by then (torch converts them first)."""
+    """Module._apply that converts a module's fake parameters as torch converts real ones
+    (module docstring); its children first, as torch does."""
     def _apply(self, fn, recurse=True):
-        try:
-            return original(self, fn, recurse)
-        except RuntimeError as exc:
-            own = [t for t in (*self._parameters.values(), *self._buffers.values()) if t is not None]
-            if "Couldn't swap" not in str(exc) or not own or not all(_fake(t) for t in own):
-                raise
+        if recurse:
+            for module in self.children():
+                module._apply(fn)
+        if not any(_fake(p) for p in self._parameters.values()):
+            return original(self, fn, recurse=False)
         with torch.no_grad():
-            for param in self._parameters.values():
+            for key, param in list(self._parameters.items()):
                 if param is None:
                     continue
-                applied = fn(param)
-                if applied is not param:
+                applied, grad = fn(param), param.grad
+                if applied is not param and applied.device == param.device:
                     param.data = applied
-                grad = param.grad
+                elif applied is not param:
+                    param = _moved(self, key, param, torch.nn.Parameter(applied, requires_grad=param.requires_grad))
                 if grad is not None:
-                    applied = fn(grad)
-                    if applied is not grad:
-                        grad.data = applied
+                    grad_applied = fn(grad)
+                    if grad_applied is not grad and grad_applied.device == grad.device:
+                        grad.data = grad_applied
+                    elif grad_applied is not grad:
+                        grad = grad_applied.requires_grad_(grad.requires_grad)
+                    param.grad = grad
             for key, buf in self._buffers.items():
                 if buf is not None:
                     self._buffers[key] = fn(buf)
         return self
     _apply._memdoctor_eager = True
     return _apply
+
+
+def _moved(module, key: str, param, new):
+    """`param` holding `new`'s value (swapped), or `new` in its place where it cannot swap."""
+    grad, param.grad = param.grad, None         # a grad held makes the swap refuse
+    try:
+        torch.utils.swap_tensors(param, new)
+        return param
+    except RuntimeError:
+        param.grad = grad
+        module._parameters[key] = new
+        return new
 
 
 def _format_as_on_real_tensors(original):

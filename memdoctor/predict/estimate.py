@@ -79,7 +79,7 @@ from memdoctor.predict.anchors import compute_anchors
 from memdoctor.predict.distributed import one_rank
 from memdoctor.predict.events import batch_blocks, insert_events, inputs_are_the_batch, reorder_allocations
 from memdoctor.predict.cpu_packed_rnn import cpu_packed_rnns
-from memdoctor.predict.fake_build import call_build, deepcopy_keeps_fake_mode, fake_parameters_move, fakeify
+from memdoctor.predict.fake_build import call_build, deepcopy_keeps_fake_mode, fakeify
 from memdoctor.predict.fake_step import force_cuda_default_foreach, train_step
 from memdoctor.predict.fused_tables import FusedTables
 from memdoctor.predict.grad_sums import merge_in_place, sums_in_place
@@ -303,7 +303,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     stage = "building the model, optimizer and batch"
     try:
         with fake_mode, values, KernelLayouts(), redirect, cuda_kernels, rnns, packed_sequences(rnn_notes), \
-                linear_calls(), deepcopy_keeps_fake_mode(), fake_parameters_move(), eager() as libraries:
+                linear_calls(), deepcopy_keeps_fake_mode(), eager() as libraries:
             with tracer:
                 watch = KernelWatch(tracer.recorder, Gpu.local() if target.device == "cuda" else None, conv_probe)
                 with watch:

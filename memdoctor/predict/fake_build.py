@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-__all__ = ["call_build", "fakeify", "deepcopy_keeps_fake_mode", "fake_parameters_move"]
+__all__ = ["call_build", "fakeify", "deepcopy_keeps_fake_mode"]
 
 
 @contextlib.contextmanager
@@ -32,69 +32,6 @@ def deepcopy_keeps_fake_mode():
             del FakeTensorMode.__deepcopy__
         else:
             FakeTensorMode.__deepcopy__ = own
-
-
-@contextlib.contextmanager
-def fake_parameters_move():
-    """`module.to(device)` (and every other Module._apply) moves fake parameters as it moves
-    real ones, until the block ends. torch's own Module._apply does not: up to 2.12 it sets
-    `param.data`, which leaves a FakeTensor's device where it was (pytorch#91655: a model
-    built on the CPU and moved, as XLNet's legacy `torch.FloatTensor` parameters are, stays
-    on the CPU, and its first matmul with a CUDA input fails); from 2.13 it swaps the
-    tensors, which fails for a fake tensor converted from a real one (FakeTensorMode keeps a
-    weak reference to it). Here a fake parameter fn moves to another device is swapped with
-    its new value where it can be (the object the optimizer holds stays the same), else
-    replaced; one fn converts on its device gets its `.data` set, as a real one does."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    original = nn.Module._apply
-
-    def _apply(self, fn, recurse=True):
-        if recurse:
-            for module in self.children():
-                module._apply(fn)
-        if not any(isinstance(p, FakeTensor) for p in self._parameters.values()):
-            return original(self, fn, recurse=False)
-        for key, param in list(self._parameters.items()):
-            if param is None:
-                continue
-            with torch.no_grad():
-                applied = fn(param)
-                grad = param.grad
-                if applied is not param and applied.device == param.device:
-                    param.data = applied                # as torch converts a real one
-                elif applied is not param:
-                    param = _moved(self, key, param, nn.Parameter(applied, requires_grad=param.requires_grad))
-                if grad is not None:
-                    grad_applied = fn(grad)
-                    if grad_applied is not grad and grad_applied.device == grad.device:
-                        grad.data = grad_applied
-                        param.grad = grad
-                    elif grad_applied is not grad:
-                        param.grad = grad_applied.requires_grad_(grad.requires_grad)
-                    else:
-                        param.grad = grad
-        for key, buf in self._buffers.items():
-            if buf is not None:
-                self._buffers[key] = fn(buf)
-        return self
-
-    nn.Module._apply = _apply
-    try:
-        yield
-    finally:
-        nn.Module._apply = original
-
-
-def _moved(module: nn.Module, key: str, param: nn.Parameter, new: nn.Parameter) -> nn.Parameter:
-    """`param` holding `new`'s value (swapped), or `new` in its place where it cannot swap."""
-    grad, param.grad = param.grad, None         # a grad held makes the swap refuse
-    try:
-        torch.utils.swap_tensors(param, new)
-        return param
-    except RuntimeError:
-        param.grad = grad
-        module._parameters[key] = new
-        return new
 
 
 def call_build(build, fake_mode, device):

@@ -16,10 +16,10 @@ channels-last strides is contiguous as well): TensorIterator's fast setup
 (TensorIterator.cpp compute_fast_setup_type) gives the output plain contiguous strides when
 every operand has the output's shape and is contiguous, checked before channels-last; the
 meta kernels (torch._prims_common's elementwise strides) keep the input's channels-last
-strides. UperNet's pooling branch at scale 1 then stayed channels-last through its ReLU, its
-upsampling and the concatenation after it on fake tensors, where the GPU's were contiguous,
-and the estimate measured cuDNN's workspaces for the decode head's convolutions in the
-wrong layout.
+strides. Without this rule UperNet's pooling branch at scale 1 stays channels-last through
+its ReLU, its upsampling and the concatenation after it on fake tensors, where the GPU's are
+contiguous, and the estimate measures cuDNN's workspaces for the decode head's convolutions
+in a layout the GPU never uses.
 
 KernelLayouts is a dispatch mode entered just above FakeTensorMode, under the tracer
 (which sees only what it returns): it swaps such an output for a contiguous one of the

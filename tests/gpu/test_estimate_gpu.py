@@ -41,9 +41,25 @@ def test_probed_workspace_is_what_the_allocator_was_asked_for(shape, weight, str
     assert peak - out == max((s.nbytes for s in scratch), default=0)
 
 
+def _two_real_steps(build) -> tuple[int, int]:
+    """The allocated and reserved peaks two real training steps of `build()` add on this GPU."""
+    from memdoctor.predict.fake_step import train_step
+    _fresh()
+    torch.cuda.reset_peak_memory_stats()
+    base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    with torch.device("cuda"):
+        model, optimizer, batch, loss_fn = build()
+    for _ in range(2):
+        train_step(model, optimizer, batch, loss_fn)
+    torch.cuda.synchronize()
+    peaks = torch.cuda.max_memory_allocated() - base_alloc, torch.cuda.max_memory_reserved() - base_res
+    del model, optimizer, batch
+    _fresh()
+    return peaks
+
+
 def test_resnet50_estimate_with_measured_workspaces_meets_the_gpu():
     from memdoctor.predict.estimate import estimate_built
-    from memdoctor.predict.fake_step import train_step
     from memdoctor.predict.models import get
     from memdoctor.predict import op_probe
     build = get("resnet50").builder(batch=32)
@@ -54,18 +70,7 @@ def test_resnet50_estimate_with_measured_workspaces_meets_the_gpu():
     assert op_probe.MEASURED.keys() == probed.keys()
     assert all(op_probe.MEASURED[k] is probed[k] for k in probed)
     assert again.peak_reserved_bytes == est.peak_reserved_bytes
-    _fresh()
-    torch.cuda.reset_peak_memory_stats()
-    base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    with torch.device("cuda"):
-        model, optimizer, batch, loss_fn = build()
-    for _ in range(2):
-        train_step(model, optimizer, batch, loss_fn)
-    torch.cuda.synchronize()
-    allocated = torch.cuda.max_memory_allocated() - base_alloc
-    reserved = torch.cuda.max_memory_reserved() - base_res
-    del model, optimizer, batch
-    _fresh()
+    allocated, reserved = _two_real_steps(build)
     print(f"resnet50 b32: allocated {allocated} predicted {est.peak_allocated_bytes}; "
           f"reserved {reserved} predicted {est.peak_reserved_bytes}")
     assert abs(est.peak_allocated_bytes - allocated) <= 0.01 * allocated
@@ -145,19 +150,8 @@ def _legacy_build():
 
 def test_a_model_built_on_the_cpu_and_moved_estimates_as_the_gpu_measures():
     from memdoctor.predict.estimate import estimate_built
-    from memdoctor.predict.fake_step import train_step
     est = estimate_built(_legacy_build, device="cuda", settle=False)
-    _fresh()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    with torch.device("cuda"):
-        model, optimizer, batch, loss_fn = _legacy_build()
-    for _ in range(2):
-        train_step(model, optimizer, batch, loss_fn)
-    torch.cuda.synchronize()
-    allocated = torch.cuda.max_memory_allocated() - base
-    del model, optimizer, batch
-    _fresh()
+    allocated, _ = _two_real_steps(_legacy_build)
     assert abs(est.peak_allocated_bytes - allocated) <= 0.01 * allocated
 
 
@@ -191,21 +185,9 @@ def _packed_build():
 def test_a_packed_lstm_estimates_as_the_gpu_measures():
     """cuDNN sizes a packed call's reserve by its batch sizes: probed so, not as the padded batch."""
     from memdoctor.predict.estimate import estimate_built
-    from memdoctor.predict.fake_step import train_step
     est = estimate_built(_packed_build, device="cuda", settle=False)
     assert any("cuDNN RNN (lstm): reserve space and workspaces measured" in n for n in est.notes)
-    _fresh()
-    torch.cuda.reset_peak_memory_stats()
-    base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    with torch.device("cuda"):
-        model, optimizer, batch, loss_fn = _packed_build()
-    for _ in range(2):
-        train_step(model, optimizer, batch, loss_fn)
-    torch.cuda.synchronize()
-    allocated = torch.cuda.max_memory_allocated() - base_alloc
-    reserved = torch.cuda.max_memory_reserved() - base_res
-    del model, optimizer, batch
-    _fresh()
+    allocated, reserved = _two_real_steps(_packed_build)
     print(f"packed lstm: allocated {allocated} predicted {est.peak_allocated_bytes}; "
           f"reserved {reserved} predicted {est.peak_reserved_bytes}")
     assert abs(est.peak_allocated_bytes - allocated) <= 0.02 * allocated
