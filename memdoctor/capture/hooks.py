@@ -102,6 +102,9 @@ class OwnershipHooks:
         self._stepping_aside = False
         self.removed = False
         self.zero_grads = ZeroGradWatch()      # allocator source: gradients zeroed in place
+        # how a saved tensor of a subclass is aliased; None: its own detach, through every mode.
+        # The estimate's fake tensors are aliased without dispatch (DataDependent.alias)
+        self.alias_subclass = None
 
     def stop_after(self, exc: Exception) -> None:
         """An internal error in a hook: log it once and turn the hook set off."""
@@ -495,6 +498,12 @@ class OwnershipHooks:
         if type(tensor) is torch.Tensor:
             with _NO_PYTHON_DISPATCH():    # an alias, no op of the traced run: not through a dispatch mode
                 return tensor.detach(), tensor._version
+        if self.alias_subclass is not None:
+            try:
+                return self.alias_subclass(tensor), tensor._version
+            except Exception as exc:
+                self.alias_subclass = None
+                log.warning("memdoctor: aliasing a saved tensor failed, detaching instead: %r", exc)
         return tensor.detach(), tensor._version      # a subclass (a fake tensor) needs its own dispatch
 
     def _claim_as(self, t: torch.Tensor, storage, category: str) -> None:

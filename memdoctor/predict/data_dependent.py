@@ -47,6 +47,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
+from memdoctor.predict.fake_views import is_plain_view, view_of_fakes
 from memdoctor.predict.random_draws import (COMPARISONS, MAX_DRAW_VARIANTS, RANDOM_DRAWS, UNIFORM_DRAWS,
                                            compare_range, span)
 
@@ -152,6 +153,25 @@ class DataDependent(LeanDispatchMode):
             if self.stale:
                 self.stale.discard(self._storage(fake))
 
+    def alias(self, t: torch.Tensor) -> torch.Tensor:
+        """`t.detach()` made without dispatch, for the saved-tensor hook's alias: through the
+        dispatch modes a detach costs as much as any op, and autograd saves several tensors per
+        op. Same storage and version counter, no history; `t`'s known values are the alias's."""
+        if not isinstance(t, FakeTensor):
+            return t.detach()
+        with torch._C._DisableTorchDispatch():
+            elem = t.detach()
+        alias = FakeTensor(t.fake_mode, elem, t.fake_device)
+        real = self.value(t)
+        if real is not None:
+            self.values[alias] = real
+            assumed = self.assumed.get(t)
+            if assumed:
+                self.assumed[alias] = assumed
+        elif self.noting and len(self.drawn) and t in self.drawn:
+            self.drawn[alias] = None        # as a detach's output: drawn, its range unknown
+        return alias
+
     @staticmethod
     def _storage(t: torch.Tensor) -> int:
         try:
@@ -180,8 +200,8 @@ class DataDependent(LeanDispatchMode):
         kwargs = kwargs or {}
         info = self._info.get(func)
         if info is None:
-            info = self._info[func] = (func.overloadpacket.__name__, func._schema.is_mutable)
-        name, mutable = info
+            info = self._info[func] = (func.overloadpacket.__name__, func._schema.is_mutable, is_plain_view(func))
+        name, mutable, view = info
         if name in _ASSERTS:
             return None
         known = self._all_known(args, kwargs)
@@ -189,6 +209,10 @@ class DataDependent(LeanDispatchMode):
             known = True
         if known and self.noting and name in RANDOM_DRAWS:
             known = False
+        if view and not known and not (self.noting and len(self.drawn) and self._any_drawn(args)):
+            out = view_of_fakes(func, args, kwargs)
+            if out is not None:
+                return out
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):

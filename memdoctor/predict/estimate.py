@@ -305,6 +305,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
         with fake_mode, values, KernelLayouts(), redirect, cuda_kernels, rnns, packed_sequences(rnn_notes), \
                 linear_calls(), deepcopy_keeps_fake_mode(), eager() as libraries:
             with tracer:
+                tracer.hooks.alias_subclass = values.alias
                 watch = KernelWatch(tracer.recorder, Gpu.local() if target.device == "cuda" else None, conv_probe)
                 with watch:
                     values.noting = False        # a rejection sampler's draws at init change no memory
