@@ -47,6 +47,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
+from memdoctor.predict.fake_outputs import OutputMemo, memoizable
 from memdoctor.predict.fake_views import is_plain_view, view_of_fakes
 from memdoctor.predict.random_draws import (COMPARISONS, MAX_DRAW_VARIANTS, RANDOM_DRAWS, UNIFORM_DRAWS,
                                            compare_range, span)
@@ -77,6 +78,8 @@ _VALUE_FREE = {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros"
                "new_empty", "new_empty_strided", "rand_like", "randn_like", "randint_like"}
 # fake kernels stricter than the real ones: run on stand-ins of this dtype for the shape
 _DTYPE_STAND_INS = {"_grouped_mm": torch.bfloat16}
+# ops whose dispatch here notes more than their outputs' shapes: never answered from the memo
+_NOT_MEMOIZED = _CHOOSERS | _VALUE_FREE | _ASSERTS | set(_DTYPE_STAND_INS) | RANDOM_DRAWS | {"eq"}
 
 
 def _device_to_cpu(x):
@@ -125,7 +128,8 @@ class DataDependent(LeanDispatchMode):
         self.parts: WeakIdKeyDictionary = WeakIdKeyDictionary()       # mask `x == k` on unknown x -> (x, k)
         self.shares: WeakIdKeyDictionary = WeakIdKeyDictionary()      # that x -> {k: elements its mask selects}
         self._notes: dict[str, str] = {}
-        self._info: dict = {}               # op -> (name, whether it writes an argument)
+        self._info: dict = {}               # op -> _op_info's tuple
+        self.outputs = OutputMemo()         # functional ops' outputs by their arguments' metadata
         self.noting = True                  # off while the model is built: its initial values do not matter
         self.branches = 0                   # branches decided by a random draw in this step so far
         self.flips: frozenset[int] = frozenset()    # those answered the other way in this step
@@ -198,21 +202,25 @@ class DataDependent(LeanDispatchMode):
         if func is DEVICE_QUERY:        # a tensor's device is no value it needs
             return device_query(args)
         kwargs = kwargs or {}
-        info = self._info.get(func)
-        if info is None:
-            info = self._info[func] = (func.overloadpacket.__name__, func._schema.is_mutable, is_plain_view(func))
-        name, mutable, view = info
+        name, mutable, view, memo = self._op_info(func)
         if name in _ASSERTS:
             return None
+        if view:
+            out = self.fast_view(func, args, kwargs)
+            if out is not None:
+                return out
         known = self._all_known(args, kwargs)
         if not known and name in _VALUE_FREE:          # only the shapes matter: zeros stand in
             known = True
         if known and self.noting and name in RANDOM_DRAWS:
             known = False
-        if view and not known and not (self.noting and len(self.drawn) and self._any_drawn(args)):
-            out = view_of_fakes(func, args, kwargs)
-            if out is not None:
-                return out
+        key = None
+        if memo and not known and not (self.noting and len(self.drawn) and self._any_drawn(args)):
+            key = self.outputs.key(func, args, kwargs)     # nothing below to note: the outputs' shapes suffice
+            if key is not None:
+                out = self.outputs.get(key)
+                if out is not None:
+                    return out
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
@@ -240,6 +248,30 @@ class DataDependent(LeanDispatchMode):
                 for o in tree_flatten(out)[0]:
                     if isinstance(o, FakeTensor) and _small(o):
                         self.drawn[o] = bounds
+        if key is not None:
+            self.outputs.store(key, args, kwargs, out)
+        return out
+
+    def _op_info(self, func) -> tuple[str, bool, bool, bool]:
+        """(its name, whether it writes an argument, whether it is a plain view, whether its
+        outputs may be memoized), kept per op."""
+        info = self._info.get(func)
+        if info is None:
+            name = func.overloadpacket.__name__
+            info = self._info[func] = (name, func._schema.is_mutable, is_plain_view(func),
+                                       memoizable(func) and name not in _NOT_MEMOIZED)
+        return info
+
+    def fast_view(self, func, args, kwargs):
+        """A view of fake tensors whose values are not known, made without dispatch
+        (memdoctor.predict.fake_views); None for any other op, and for a view of known values,
+        which dispatch shadows. The kernel watch calls it first: a view allocates nothing, and
+        no mode below has anything to note of it."""
+        if not self._op_info(func)[2] or self._all_known(args, kwargs):
+            return None
+        out = view_of_fakes(func, args, kwargs)
+        if out is not None and self.noting and len(self.drawn) and self._any_drawn(args) and _small(out):
+            self.drawn[out] = None      # a view of random draws, its range unknown
         return out
 
     def _decided(self, name: str, args, out) -> bool:

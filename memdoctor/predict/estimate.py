@@ -306,7 +306,8 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
                 linear_calls(), deepcopy_keeps_fake_mode(), eager() as libraries:
             with tracer:
                 tracer.hooks.alias_subclass = values.alias
-                watch = KernelWatch(tracer.recorder, Gpu.local() if target.device == "cuda" else None, conv_probe)
+                watch = KernelWatch(tracer.recorder, Gpu.local() if target.device == "cuda" else None, conv_probe,
+                                    fast_view=values.fast_view)
                 with watch:
                     values.noting = False        # a rejection sampler's draws at init change no memory
                     with torch.device(target.sim):
