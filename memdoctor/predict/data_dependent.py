@@ -49,6 +49,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
 from memdoctor.predict.fake_outputs import OutputMemo, memoizable
 from memdoctor.predict.fake_views import is_plain_view, view_of_fakes
+from memdoctor.predict.mask_unions import UNIONS, mask_elements, union_bound
 from memdoctor.predict.random_draws import (COMPARISONS, MAX_DRAW_VARIANTS, RANDOM_DRAWS, UNIFORM_DRAWS,
                                            compare_range, span)
 
@@ -66,8 +67,6 @@ _SIZE_FROM_VALUES = {"nonzero", "masked_select", "_unique2", "unique_dim", "uniq
 _CHOOSERS = {"topk", "argmax", "argmin", "sort", "argsort", "max", "min", "kthvalue", "mode", "multinomial"}
 # an output bounded from above carries "bound:aten.<op>" among its assumptions
 _BOUND = "bound:"
-# unions of masks: as many elements as their parts hold together where a part comes from a bound
-_UNIONS = {"bitwise_or", "logical_or", "__or__", "__ior__", "bitwise_or_", "logical_or_"}
 # checks that only assert on values (torch._assert_async, torch._check on tensors)
 _ASSERTS = {"_assert_async", "_functional_assert_async", "_assert_scalar", "_functional_assert_scalar",
             "_assert_tensor_metadata"}
@@ -346,7 +345,7 @@ class DataDependent(LeanDispatchMode):
         if not all(isinstance(o, FakeTensor) and _small(o) for o in outs):
             self._mark_written(func, args, kwargs)
             return
-        held = _mask_elements(reals) if name in _UNIONS else None     # before `a |= b` writes `a`
+        held = mask_elements(reals) if name in UNIONS else None     # before `a |= b` writes `a`
         try:
             real = self._real_call(func, flat, spec, tensors, reals)
         except Exception:
@@ -355,7 +354,7 @@ class DataDependent(LeanDispatchMode):
         assumed = self._assumptions(tensors)
         real_outs = [o for o in tree_flatten(real)[0] if isinstance(o, torch.Tensor)]
         if held is not None and len(real_outs) == 1 and any(a.startswith(_BOUND) for a in assumed):
-            real_outs = [_union_bound(real_outs[0], held)]
+            real_outs = [union_bound(real_outs[0], held)]
         if len(real_outs) == len(outs):
             for fake, value in zip(outs, real_outs):
                 self.remember(fake, value, assumed)
@@ -594,30 +593,3 @@ class DataDependent(LeanDispatchMode):
         out = func(*tree_map(cast, args), **tree_map(cast, kwargs))
         return tree_map(lambda o: torch.empty_strided(tuple(o.shape), tuple(o.stride()), dtype=original,
                                                       device=o.device) if isinstance(o, torch.Tensor) else o, out)
-
-
-def _mask_elements(parts) -> int:
-    """The elements a union's mask parts hold together, each broadcast to the union's shape,
-    counted with overlaps."""
-    masks = [p for p in parts if isinstance(p, torch.Tensor) and p.dtype in (torch.bool, torch.uint8)]
-    if not masks:
-        return 0
-    with _real():
-        shape = torch.broadcast_shapes(*(m.shape for m in masks))
-        return sum(int(torch.count_nonzero(m.expand(shape))) for m in masks)
-
-
-def _union_bound(union: torch.Tensor, held: int) -> torch.Tensor:
-    """The union of masks, at least as many elements as its parts hold together (up to all
-    of them): parts made from a bound may overlap where the real ones are apart. Elements
-    not yet in the union are added in order."""
-    if union.dtype not in (torch.bool, torch.uint8):
-        return union
-    with _real():
-        missing = min(held, union.numel()) - int(torch.count_nonzero(union))
-        if missing <= 0:
-            return union
-        widened = union.clone().reshape(-1)
-        free = (widened == 0).nonzero().reshape(-1)[:missing]
-        widened[free] = 1
-        return widened.reshape(union.shape)
