@@ -20,6 +20,7 @@ from memdoctor.run import Category, Phase
 from memdoctor.capture.callargs import call_kwargs as _call_kwargs, tensors_in as _tensors
 from memdoctor.capture.frames import first_user_frame
 from memdoctor.capture.recorder import Recorder, log
+from memdoctor.capture.saved_tensors import pop_saved_hooks, unpack_checked
 from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
@@ -133,7 +134,7 @@ class OwnershipHooks:
             log.warning("memdoctor: saved-tensor hooks are switched off here; tensors saved for "
                         "backward count as temporaries")
             return
-        saved = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        saved = torch.autograd.graph.saved_tensors_hooks(self._pack, unpack_checked)
         saved.__enter__()
         self._saved = saved
         step_aside_for(self._pack)
@@ -155,7 +156,7 @@ class OwnershipHooks:
             except Exception as exc:
                 failure = failure or exc
         if self._saved is not None:
-            _pop_saved_hooks(self._pack)
+            pop_saved_hooks(self._pack)
             self._saved = None
         if failure is not None:
             raise failure
@@ -487,7 +488,7 @@ class OwnershipHooks:
         back-propagates (an evaluation without no_grad) alive after the script drops it.
         Runs for nearly every op of a forward, so `guarded`'s wrapper is written out here.
         With the alias goes its version: autograd checks no saved tensor that hooks handle
-        for a change in place, so `_unpack` does, as autograd would have."""
+        for a change in place, so `unpack_checked` does, as autograd would have."""
         if not self.broken:
             try:
                 self._claim_as(tensor, _storage_of(tensor), _ACTIVATIONS)
@@ -571,33 +572,6 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return t.untyped_storage()._cdata
     except Exception:
         return None
-
-
-def _unpack(packed):
-    """The saved alias, unless it was changed in place since it was saved: then autograd's own
-    error, which hooks would otherwise silence (the gradient would be computed from the
-    changed values)."""
-    tensor, version = packed
-    if tensor._version != version:
-        raise RuntimeError(
-            "one of the variables needed for gradient computation has been modified by an inplace "
-            f"operation: [{tensor.type()} {list(tensor.shape)}] is at version {tensor._version}; "
-            f"expected version {version} instead. (Raised by memdoctor's tracer in autograd's place: "
-            "autograd does not check tensors that saved-tensor hooks hold.)")
-    return tensor
-
-
-def _pop_saved_hooks(pack) -> None:
-    """Take `pack`'s saved-tensor hooks off the stack, leaving any pushed above them."""
-    autograd = torch._C._autograd
-    above = []
-    while (top := autograd._top_saved_tensors_default_hooks(True)) is not None:
-        autograd._pop_saved_tensors_default_hooks()
-        if top[0] == pack:
-            break
-        above.append(top)
-    for hooks in reversed(above):
-        autograd._push_saved_tensors_default_hooks(*hooks)
 
 
 _graph_task = torch._C._current_graph_task_id      # -1 outside autograd's engine
