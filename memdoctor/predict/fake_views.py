@@ -16,7 +16,10 @@ __all__ = ["is_plain_view", "view_of_fakes"]
 
 def is_plain_view(func) -> bool:
     """An aten view op (select, view, transpose, expand, detach, ...) that writes nothing and
-    returns one tensor."""
+    returns one tensor; or `_unsafe_view`, a view in all but its schema (matmul folds its
+    batched product with it), which FakeTensorMode never caches."""
+    if func is torch.ops.aten._unsafe_view.default:
+        return True
     schema = func._schema
     return bool(getattr(func, "is_view", False)) and not schema.is_mutable and len(schema.returns) == 1 \
         and str(schema.returns[0].type) == "Tensor"
