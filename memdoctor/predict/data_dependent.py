@@ -157,14 +157,13 @@ class DataDependent(LeanDispatchMode):
                 self.stale.discard(self._storage(fake))
 
     def alias(self, t: torch.Tensor) -> torch.Tensor:
-        """`t.detach()` made without dispatch, for the saved-tensor hook's alias: through the
-        dispatch modes a detach costs as much as any op, and autograd saves several tensors per
-        op. Same storage and version counter, no history; `t`'s known values are the alias's."""
-        if not isinstance(t, FakeTensor):
+        """`t.detach()` made without dispatch where it can be (memdoctor.predict.fake_views),
+        for the saved-tensor hook's alias: through the dispatch modes a detach costs as much as
+        any op, and autograd saves several tensors per op. Same storage and version counter, no
+        history; `t`'s known values are the alias's."""
+        alias = view_of_fakes(torch.ops.aten.detach.default, (t,), {})
+        if alias is None:
             return t.detach()
-        with torch._C._DisableTorchDispatch():
-            elem = t.detach()
-        alias = FakeTensor(t.fake_mode, elem, t.fake_device)
         real = self.value(t)
         if real is not None:
             self.values[alias] = real

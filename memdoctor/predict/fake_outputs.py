@@ -47,7 +47,6 @@ class OutputMemo:
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple] = {}
         self.mode = None            # the fake mode whose tensors it has seen
-        self.hits = 0
 
     def key(self, func, args, kwargs) -> tuple | None:
         """The memo's key for this call, or None where an argument is not one it keys on (a
@@ -96,7 +95,6 @@ class OutputMemo:
             elems = [torch.empty_strided(shape, stride, dtype=dtype, device="meta")
                      for shape, stride, dtype, _ in metas]
         outs = tuple(FakeTensor(self.mode, e, m[3]) for e, m in zip(elems, metas))
-        self.hits += 1
         return outs if is_tuple else outs[0]
 
     def store(self, key: tuple, args, kwargs, out) -> None:
