@@ -36,20 +36,18 @@ estimate uncertain.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
 from memdoctor.predict.fake_outputs import OutputMemo, memoizable
 from memdoctor.predict.fake_views import is_plain_view, view_of_fakes
-from memdoctor.predict.mask_unions import UNIONS, mask_elements, union_bound
+from memdoctor.predict.mask_unions import UNIONS, mask_elements, plain_tensors, union_bound
 from memdoctor.predict.random_draws import (COMPARISONS, MAX_DRAW_VARIANTS, RANDOM_DRAWS, UNIFORM_DRAWS,
                                            compare_range, span)
 
@@ -102,11 +100,7 @@ def _where() -> str:
     return "an unknown line"
 
 
-@contextlib.contextmanager
-def _real():
-    """Plain tensors: no dispatch mode (FakeTensorMode among them) sees what runs inside."""
-    with _disable_current_modes(), torch._C._DisableTorchDispatch(), torch.no_grad():
-        yield
+_real = plain_tensors      # plain tensors: no dispatch mode (FakeTensorMode among them) sees inside
 
 
 def _small(t: torch.Tensor) -> bool:

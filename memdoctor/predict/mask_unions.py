@@ -8,14 +8,14 @@ import contextlib
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["UNIONS", "mask_elements", "union_bound"]
+__all__ = ["UNIONS", "mask_elements", "plain_tensors", "union_bound"]
 
 # unions of masks: as many elements as their parts hold together where a part comes from a bound
 UNIONS = {"bitwise_or", "logical_or", "__or__", "__ior__", "bitwise_or_", "logical_or_"}
 
 
 @contextlib.contextmanager
-def _plain():
+def plain_tensors():
     """Plain tensors: no dispatch mode (FakeTensorMode among them) sees what runs inside."""
     with _disable_current_modes(), torch._C._DisableTorchDispatch(), torch.no_grad():
         yield
@@ -27,7 +27,7 @@ def mask_elements(parts) -> int:
     masks = [p for p in parts if isinstance(p, torch.Tensor) and p.dtype in (torch.bool, torch.uint8)]
     if not masks:
         return 0
-    with _plain():
+    with plain_tensors():
         shape = torch.broadcast_shapes(*(m.shape for m in masks))
         return sum(int(torch.count_nonzero(m.expand(shape))) for m in masks)
 
@@ -38,7 +38,7 @@ def union_bound(union: torch.Tensor, held: int) -> torch.Tensor:
     not yet in the union are added in order."""
     if union.dtype not in (torch.bool, torch.uint8):
         return union
-    with _plain():
+    with plain_tensors():
         missing = min(held, union.numel()) - int(torch.count_nonzero(union))
         if missing <= 0:
             return union
