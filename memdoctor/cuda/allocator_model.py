@@ -313,6 +313,13 @@ class CachingAllocatorModel:
                 block.next.prev = block
         pool.add(block)
 
+    def map_outside(self, nbytes: int) -> None:
+        """Memory the driver maps besides the allocator's segments (a library's handle): it
+        takes the addresses the next segments would have had (DriverSpace), and no bytes of
+        allocated or reserved."""
+        if not self.addresses:
+            self.driver.place(nbytes)
+
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache(): return every entirely free segment."""
         self._release_cached_blocks()

@@ -20,8 +20,10 @@ the CUDA caching allocator (memdoctor.cuda.allocator_model) to predict
 `max_memory_allocated()` and `max_memory_reserved()`, with the last step repeated in the
 replay until the allocator's layout settles: a training run takes many steps, and its cached
 blocks can split differently in the third step than in the second (memdoctor.predict.replay).
-The CUDA context is reported apart: it is device memory, but the allocator's counters never
-include it.
+The CUDA context and what the libraries map outside the allocator (cuBLAS's and cuDNN's
+handles, kernel code: memdoctor.cuda.library_memory) are reported apart: device memory the
+allocator's counters never include. The driver maps the handles among the segments, so the
+replay places them where the step first calls each library.
 
 What the estimate cannot see (noted in Estimate.notes where it applies): flash-attention
 backward's accumulators, cuDNN's convolution workspaces without a GPU to measure them on,
@@ -57,6 +59,7 @@ a fake tensor (transformers' is_tracing) run the path a GPU runs
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import time
@@ -67,8 +70,10 @@ import torch
 from torch import nn
 
 from memdoctor.attribution import breakdown_at, live_blocks
-from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, MiB
+from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel
 from memdoctor.cuda.kernel_scratch import Gpu
+from memdoctor.cuda.library_memory import (CUBLAS_THREAD_BYTES, CUDA_CONTEXT_BYTES, CUDNN_THREAD_BYTES,
+                                           LibraryMemory)
 from memdoctor.predict import cpu_standin
 from memdoctor.predict.math_attention import cuda_math_attention
 from memdoctor.predict.data_dependent import DataDependent
@@ -99,17 +104,10 @@ from memdoctor.predict.replay import Replay, check_budget, counted_blocks, repla
 from memdoctor.predict.result import Estimate
 from memdoctor.predict.step_time import fused_adamw_work
 from memdoctor.remedies.plan import Plan
-from memdoctor.run import CATEGORIES, Category, Run
+from memdoctor.run import CATEGORIES, Action, Category, Run
 from memdoctor.units import format_bytes
 
 __all__ = ["Estimate", "EstimateError", "estimate", "estimate_built", "CUDA_CONTEXT_BYTES"]
-
-# The CUDA context (driver state, kernel images of the loaded modules, cuBLAS/cuDNN handles'
-# own state) on an H100/H200 with CUDA 12/13 and lazy module loading (CUDA_MODULE_LOADING=LAZY,
-# the default since CUDA 11.7 / torch 2.x): nvidia-smi shows ~500 MiB for a process that has
-# only created its context and run a matmul. It is outside the allocator's counters, so it
-# is reported apart and never added to the predicted peak.
-CUDA_CONTEXT_BYTES = 500 * MiB
 
 
 class EstimateError(ValueError):
@@ -199,7 +197,8 @@ def estimate_built(build: Callable, plan: Plan | str | None = None, device: str 
                          "steps, which draw anew each step, can be above the estimate's")
     context = CUDA_CONTEXT_BYTES if cuda_context_bytes is None else int(cuda_context_bytes)
     est = _estimate_of(run, rep, plain.counted, fake, target, steps, notes=notes, workspace_bytes=plain.workspaces,
-                       cuda_context_bytes=context if target.device == "cuda" else 0, plan=str(plan),
+                       cuda_context_bytes=context if target.device == "cuda" else 0,
+                       library_bytes=plain.library.nbytes if plain.library else 0, plan=str(plan),
                        world_size=world_size, budget_bytes=budget)
     if varied is not None:
         est.peak_allocated_bytes = max(est.peak_allocated_bytes, varied.rep.peak_allocated)
@@ -366,15 +365,18 @@ class _Replayed:
     settled: int | None
     rep: Replay
     workspaces: int
+    library: LibraryMemory | None       # what the libraries map outside the allocator (CUDA only)
+    maps: dict[int, int]                # block id -> bytes the driver maps just before it
 
     def check(self, conf: AllocatorConfig, budget: int):
-        return check_budget(self.run, self.counted, conf, budget, self.sizes_of, self.settled)
+        return check_budget(self.run, self.counted, conf, budget, self.sizes_of, self.settled, self.maps)
 
 
 def _replayed(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, conf: AllocatorConfig,
               world_size: int, plan: Plan, settle: bool, notes: list[str]) -> _Replayed:
     run = fake.run
-    workspaces = _add_kernel_memory(fake, target, conv_probe, notes) if target.device == "cuda" else 0
+    workspaces, library, maps = (_add_kernel_memory(fake, target, conv_probe, notes) if target.device == "cuda"
+                                 else (0, None, {}))
     merge_in_place(run, fake.in_place)
     counted = counted_blocks(run, target.sim, skip_cpu_scalars=target.cpu_for_cuda)
     sizes_of, dist_note = one_rank(run, counted, world_size, plan.zero, fake.grad_bytes, target.sim)
@@ -382,9 +384,10 @@ def _replayed(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, con
         notes.append(dist_note)
     settled = fake.steps if settle else None
     # The driver's segment addresses break ties between equal free blocks: the model places
-    # new segments as the H200's driver does (memdoctor.cuda.allocator_model.DriverSpace).
-    rep = replay(run, counted, CachingAllocatorModel(None, conf), sizes_of=sizes_of, steps=settled)
-    return _Replayed(run, counted, sizes_of, settled, rep, workspaces)
+    # new segments as the H200's driver does (memdoctor.cuda.allocator_model.DriverSpace),
+    # among what it maps for the libraries' handles (memdoctor.cuda.library_memory).
+    rep = replay(run, counted, CachingAllocatorModel(None, conf), sizes_of=sizes_of, steps=settled, maps=maps)
+    return _Replayed(run, counted, sizes_of, settled, rep, workspaces, library, maps)
 
 
 def _varied_note(plain: Replay, varied: Replay) -> str:
@@ -399,11 +402,12 @@ def _varied_note(plain: Replay, varied: Replay) -> str:
             "branch alike")
 
 
-def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None, notes: list[str]) -> int:
+def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | None,
+                       notes: list[str]) -> tuple[int, LibraryMemory, dict[int, int]]:
     """Insert what a GPU's kernels take beyond their outputs into the Run: the cuBLAS
     workspaces, each op's scratch, cuDNN's measured convolution workspaces; and put the
     outputs of ops whose kernels make them in another order in that order. Returns the
-    workspaces' bytes."""
+    workspaces' bytes, what the libraries map outside the allocator, and where (_library_maps)."""
     run, watch = fake.run, fake.watch
     conv_note, convs_measured, short_memory = "", False, ""
     if conv_probe is not None and conv_probe.uses:
@@ -421,6 +425,8 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
     ws_events = workspace_events(watch, target.sm90)
     scratch = scratch_events(watch)
     insert_events(run, ws_events + scratch, target.sim)
+    library = LibraryMemory(len(watch.blas), len(watch.dnn))
+    maps = _library_maps(run, watch, sorted(e[0] for e in ws_events + scratch))
     workspaces = sum(e[3] for e in ws_events)
     sizes = [e[3] for e in scratch if e[1] == "alloc"]
     if sizes:
@@ -440,7 +446,29 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
                      "before returning; its size is cuDNN's choice per shape, GPU and version, and is "
                      "not in the estimate without a GPU to measure it on (the reserved peak of a "
                      "convolutional network can be 5-13% higher)")
-    return workspaces
+    notes.append(library.describe())
+    return workspaces, library, maps
+
+
+def _library_maps(run: Run, watch: KernelWatch, inserted: list[int]) -> dict[int, int]:
+    """Block id -> the bytes the driver maps for a library just before that block is
+    allocated: each thread's cuBLAS handle before its cuBLAS workspace, its cuDNN handle before
+    the first allocation after its first cuDNN op. `inserted`: the positions, sorted, at which
+    events were inserted after the watch noted its indices."""
+    maps: dict[int, int] = {}
+    for thread in watch.blas:
+        name = f"cuBLAS workspace ({thread} thread)"
+        block = next((b for b in run.blocks.values() if b.name == name), None)
+        if block is not None:
+            maps[block.id] = CUBLAS_THREAD_BYTES
+    for pos in watch.dnn.values():
+        seq = pos + bisect.bisect_left(inserted, pos)
+        while seq < len(run.actions) and run.actions[seq] != Action.ALLOC:
+            seq += 1
+        if seq < len(run.actions):
+            bid = run.event_blocks[seq]
+            maps[bid] = maps.get(bid, 0) + CUDNN_THREAD_BYTES
+    return maps
 
 
 def _allocator_config(allocator_conf: str | None, notes: list[str]) -> AllocatorConfig:

@@ -15,6 +15,7 @@ from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_q
 from memdoctor.cuda.blas_workspaces import (  # noqa: F401  (re-exported: the estimate's notes)
     CUBLASLT_WORKSPACE_BYTES, cublas_workspace_bytes, cublaslt_workspace_bytes, local_gpu_is_sm90)
 from memdoctor.cuda.kernel_scratch import scratch_for
+from memdoctor.cuda.library_memory import CUDNN_OPS
 from memdoctor.cuda.output_order import cuda_output_order
 from memdoctor.predict.linear_bias import in_linear
 from memdoctor.predict.step_time import WorkCounter
@@ -41,11 +42,12 @@ def _ops(names) -> frozenset:
 BLAS_OPS = _ops(_BLAS_OPS)
 LT_OPS = _ops(_LT_OPS)
 _ADDMM = _ops(["addmm"])
+DNN_OPS = _ops(sorted(CUDNN_OPS))
 
 
 class KernelWatch(LeanDispatchMode):
-    """Note where the first cuBLAS (and cuBLASLt) call of each thread happens (the event
-    index just after the op's outputs were allocated), and, with a `gpu`, the scratch
+    """Note where the first cuBLAS (and cuBLASLt) and cuDNN call of each thread happens (the
+    event index just after the op's outputs were allocated), and, with a `gpu`, the scratch
     memory each op's CUDA kernel would take (memdoctor.cuda.kernel_scratch) with the event
     indices before and after the op, and the ops whose kernels allocate their outputs in
     another order (the op's event span and its output blocks in the kernel's order); with a `conv_probe`, the convolutions to measure; and
@@ -61,6 +63,7 @@ class KernelWatch(LeanDispatchMode):
         self.conv_probe = conv_probe
         self.blas: dict[str, int] = {}
         self.lt: dict[str, int] = {}
+        self.dnn: dict[str, int] = {}   # thread -> the event index just after its first cuDNN op
         self.scratch: list[tuple[int, int, list]] = []
         self.reorders: list[tuple[int, int, list[int]]] = []
         self.accumulations: list[tuple[int, int, tuple[int, ...], int]] = []
@@ -93,6 +96,8 @@ class KernelWatch(LeanDispatchMode):
                 self.blas[thread] = len(self.run.actions)
             if thread not in self.lt and (packet in LT_OPS or (packet in _ADDMM and _bias_1d(args, kwargs))):
                 self.lt[thread] = len(self.run.actions)
+        elif packet in DNN_OPS:
+            self.dnn.setdefault("backward" if in_backward else "forward", len(self.run.actions))
         if self.gpu is not None:
             scratch = scratch_for(func, args, kwargs, self.gpu)
             if scratch:

@@ -129,10 +129,12 @@ class Replay:
 
 
 def replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_oom: bool = False,
-           sizes_of: dict[int, int] | None = None, steps: int | None = None) -> Replay:
+           sizes_of: dict[int, int] | None = None, steps: int | None = None,
+           maps: dict[int, int] | None = None) -> Replay:
     """Replay the Run's allocations and frees of the `counted` blocks, with `steps` (the
     steps recorded) also the steady steps after them (_events); `sizes_of` overrides the
-    bytes of some blocks (a rank's shard under ZeRO)."""
+    bytes of some blocks (a rank's shard under ZeRO); `maps`: block id -> the bytes the driver
+    maps for a library just before that block (memdoctor.cuda.library_memory)."""
     handles: dict[Any, Any] = {}
     sizes: dict[int, int] = {}
     cat_of = {bid: run.blocks[bid].category for bid in counted}
@@ -150,6 +152,8 @@ def replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_oo
         if repeat and reserved_recorded is None:
             reserved_recorded = model.peak_reserved         # the recorded steps' own peak
         if action == ALLOC:
+            if maps and not repeat and bid in maps:
+                model.map_outside(maps[bid])
             nbytes = event_bytes[seq]
             if sizes_of is not None:
                 nbytes = sizes_of.get(bid, nbytes)
@@ -196,13 +200,14 @@ def replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_oo
 
 
 def check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int,
-                 sizes_of: dict[int, int] | None, steps: int | None = None) -> tuple[bool, dict | None, int]:
+                 sizes_of: dict[int, int] | None, steps: int | None = None,
+                 maps: dict[int, int] | None = None) -> tuple[bool, dict | None, int]:
     """Replay again with the allocator capped at the budget (cached segments are released
     and the request retried before an OOM, as on a GPU), steady steps included: whether it
     fits, the OOM if not (where, and what asked), and the reserved peak under the cap, with
     the segment placement the estimate reports (memdoctor.cuda.allocator_model.DriverSpace)."""
     result = replay(run, counted, CachingAllocatorModel(budget, conf), stop_on_oom=True, sizes_of=sizes_of,
-                    steps=steps)
+                    steps=steps, maps=maps)
     oom = result.oom
     if oom is None:
         return True, None, result.peak_reserved

@@ -13,7 +13,8 @@ __all__ = ["Estimate"]
 @dataclass
 class Estimate:
     """One configuration's predicted `max_memory_allocated()` and `max_memory_reserved()`, the
-    CUDA context apart, and the fake step's Run they were replayed from."""
+    CUDA context and the libraries' own device memory apart (memdoctor.cuda.library_memory),
+    and the fake step's Run they were replayed from."""
     peak_allocated_bytes: int
     peak_reserved_bytes: int
     breakdown: dict[str, int]
@@ -43,11 +44,15 @@ class Estimate:
     elapsed_s: float = 0.0
     config: dict = field(default_factory=dict)
     work: dict = field(default_factory=dict)
+    library_bytes: int = 0          # what cuBLAS, cuDNN and the kernels' code map outside the allocator
 
     @property
     def device_bytes_needed(self) -> int:
-        """What the device must hold: the reserved peak plus the CUDA context."""
-        return self.peak_reserved_bytes + (self.cuda_context_bytes if self.device == "cuda" else 0)
+        """What the device must hold: the reserved peak, the CUDA context and the libraries'
+        own memory."""
+        if self.device != "cuda":
+            return self.peak_reserved_bytes
+        return self.peak_reserved_bytes + self.cuda_context_bytes + self.library_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +62,7 @@ class Estimate:
             "peak_phase": self.peak_phase,
             "peak_step": self.peak_step,
             "cuda_context_bytes": self.cuda_context_bytes,
+            "library_bytes": self.library_bytes,
             "workspace_bytes": self.workspace_bytes,
             "device_bytes_needed": self.device_bytes_needed,
             "live_peak_bytes": self.live_peak_bytes,

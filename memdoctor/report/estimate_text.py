@@ -1,5 +1,5 @@
-"""`memdoctor estimate`'s text: the predicted peaks, the CUDA context apart, the breakdown at
-the peak, the budget verdict, what other tools say and the notes."""
+"""`memdoctor estimate`'s text: the predicted peaks, the CUDA context and the libraries' memory
+apart, the breakdown at the peak, the budget verdict, what other tools say and the notes."""
 from __future__ import annotations
 
 import os
@@ -50,8 +50,9 @@ def _peaks(est: Estimate) -> list[str]:
     lines = [f"  predicted peak allocated  {fb(est.peak_allocated_bytes):>12}   (torch.cuda.max_memory_allocated)",
              f"  predicted peak reserved   {fb(est.peak_reserved_bytes):>12}   (torch.cuda.max_memory_reserved)"]
     if est.device == "cuda":
-        lines.append(f"  CUDA context, apart       {fb(est.cuda_context_bytes):>12}   "
-                     f"(not in either peak; the device needs about {fb(est.device_bytes_needed)})")
+        lines.append(f"  CUDA context, apart       {fb(est.cuda_context_bytes):>12}   (not in either peak)")
+        lines.append(f"  libraries' memory, apart  {fb(est.library_bytes):>12}   (cuBLAS, cuDNN, kernel code; "
+                     f"the device needs about {fb(est.device_bytes_needed)})")
     lines.append(f"  peak during the {est.peak_phase} phase of step {est.peak_step + 1}")
     return lines
 
