@@ -88,3 +88,18 @@ def test_the_h200s_mappings_placed_where_they_happened_give_its_reserved_peak():
         else:
             model.free(blocks.pop(n))
     assert model.peak_reserved == gpu
+
+
+def test_an_lstm_counts_cudnn_handles_for_its_fused_calls_in_both_threads():
+    """The estimate's fused RNNs dispatch no aten op of cuDNN's; they note their calls."""
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(16, 32, batch_first=True)
+            self.head = nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0])
+    est = estimate(Tagger, _adamw, lambda: torch.randn(4, 10, 16), _loss, device="cuda", probe_gpu=False)
+    assert est.library_bytes == (FIRST_KERNELS_BYTES + 2 * CUBLAS_THREAD_BYTES + 2 * CUDNN_THREAD_BYTES
+                                 + KERNEL_CODE_BYTES)

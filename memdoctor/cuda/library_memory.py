@@ -36,8 +36,7 @@ KERNEL_CODE_BYTES = 8 * MiB         # later kernels' code pages: 4-6 MiB measure
 # The ops whose CUDA kernels come from cuDNN (on a GPU with cuDNN enabled): convolutions, the
 # cuDNN attention backend and RNNs. A depthwise convolution may run PyTorch's own kernel; it is
 # counted as cuDNN's, so the estimate errs high by one handle there. The estimate's fused RNNs
-# (memdoctor.predict.fused_rnn) dispatch no aten op, so an RNN-only model's cuDNN handles
-# (16 MiB) are not counted.
+# (memdoctor.predict.fused_rnn) dispatch no aten op and note their calls themselves.
 CUDNN_OPS = frozenset({
     "convolution", "convolution_backward", "cudnn_convolution", "cudnn_convolution_transpose",
     "_convolution", "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",

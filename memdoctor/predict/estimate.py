@@ -425,7 +425,7 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
     ws_events = workspace_events(watch, target.sm90)
     scratch = scratch_events(watch)
     insert_events(run, ws_events + scratch, target.sim)
-    library = LibraryMemory(len(watch.blas), len(watch.dnn))
+    library = LibraryMemory(len(watch.blas), len(watch.dnn_threads))
     maps = _library_maps(run, watch, sorted(e[0] for e in ws_events + scratch))
     workspaces = sum(e[3] for e in ws_events)
     sizes = [e[3] for e in scratch if e[1] == "alloc"]

@@ -49,6 +49,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from memdoctor.predict.vf_patches import vf_replaced
+from memdoctor.predict.kernel_watch import note_cudnn_call
 
 __all__ = ["cudnn_rnns", "RnnShape", "RnnSizes", "bound", "measure", "NOTE_BOUND"]
 
@@ -271,6 +272,7 @@ class _FusedRNN(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_hy, grad_cy):
         shape, sizes, batch_first, lowp, packed = ctx.meta
+        note_cudnn_call()
         xs, h0, c0, out, reserve, flat, *weights = ctx.saved_tensors
         rows = (xs.shape[0],) if packed else (shape.seq, shape.batch)
         dev = xs.device
@@ -380,6 +382,7 @@ def cudnn_rnns(probe: bool = False, notes: list[str] | None = None, device_type:
             rnn_sizes = sizes.of(shape) if training else RnnSizes(0, bound(shape).forward_workspace, 0, 0)
             if training:
                 sizes.make_dropout_state(rnn_sizes, x)
+            note_cudnn_call()
             with torch.autocast(device_type, enabled=False):
                 out, hy, cy = _FusedRNN.apply((shape, rnn_sizes, bool(batch_first), lowp, packed), x, h0, c0,
                                               *weights)

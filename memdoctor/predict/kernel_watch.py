@@ -10,6 +10,7 @@ the Run."""
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
 from memdoctor.cuda.blas_workspaces import (  # noqa: F401  (re-exported: the estimate's notes)
@@ -22,7 +23,7 @@ from memdoctor.predict.step_time import WorkCounter
 from memdoctor.run import Action, Category
 
 __all__ = ["KernelWatch", "CUBLASLT_WORKSPACE_BYTES", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
-           "local_gpu_is_sm90", "workspace_events", "scratch_events"]
+           "local_gpu_is_sm90", "workspace_events", "scratch_events", "note_cudnn_call"]
 
 _BLAS_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot",
              "_addmm_activation", "_scaled_mm", "_int_mm", "addr")
@@ -64,6 +65,7 @@ class KernelWatch(LeanDispatchMode):
         self.blas: dict[str, int] = {}
         self.lt: dict[str, int] = {}
         self.dnn: dict[str, int] = {}   # thread -> the event index just after its first cuDNN op
+        self.dnn_threads: set[str] = set()      # the threads that call cuDNN, fused RNNs' included
         self.scratch: list[tuple[int, int, list]] = []
         self.reorders: list[tuple[int, int, list[int]]] = []
         self.accumulations: list[tuple[int, int, tuple[int, ...], int]] = []
@@ -97,7 +99,9 @@ class KernelWatch(LeanDispatchMode):
             if thread not in self.lt and (packet in LT_OPS or (packet in _ADDMM and _bias_1d(args, kwargs))):
                 self.lt[thread] = len(self.run.actions)
         elif packet in DNN_OPS:
-            self.dnn.setdefault("backward" if in_backward else "forward", len(self.run.actions))
+            thread = "backward" if in_backward else "forward"
+            self.dnn.setdefault(thread, len(self.run.actions))
+            self.dnn_threads.add(thread)
         if self.gpu is not None:
             scratch = scratch_for(func, args, kwargs, self.gpu)
             if scratch:
@@ -207,6 +211,17 @@ class KernelWatch(LeanDispatchMode):
         except Exception:
             return None
         return entry.id if entry is not None else None
+
+
+def note_cudnn_call() -> None:
+    """A cuDNN call that dispatches no aten op of its own (the estimate's fused RNNs on fake
+    tensors): counted for the calling thread in the active KernelWatch, for its handle's memory.
+    Not placed among the segments: on a GPU nn.RNNBase flattens its weights with cuDNN while the
+    model is built, so the forward thread's handle comes before the step."""
+    thread = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, KernelWatch):
+            mode.dnn_threads.add(thread)
 
 
 def _dense(t: torch.Tensor) -> bool:
