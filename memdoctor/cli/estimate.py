@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks (DDP, or ZeRO with --zero)")
     p.add_argument("--zero", type=int, choices=(1, 2, 3), help="ZeRO stage over --world-size ranks")
     p.add_argument("--budget", type=size, metavar="SIZE", help="the allocator's limit, e.g. 16GiB "
-                   "(the CUDA context comes on top)")
+                   "(the CUDA context and the libraries' memory come on top: about 0.75 GiB on an H200)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="the device to predict for")
     p.add_argument("--anchors", action="store_true",
                    help="also show torch MemTracker's, DeepSpeed's and accelerate's figures (slower)")
