@@ -85,12 +85,8 @@ class _Watch:
 def child(cid: str, out: Path, seed: int) -> dict:
     import torch
 
-    from memdoctor.predict.fake_step import train_step
-    from memdoctor.remedies import prepare
     from allocator_replay import compact
-    from zoo_accuracy import STEPS
-    from zoo_models import build
-    from zoo_traces import _row, _segment_addresses
+    from zoo_traces import _row, _segment_addresses, recorded_trace, train_steps
     row = _row(cid)
     torch.manual_seed(seed)
     torch.cuda.init()
@@ -98,17 +94,9 @@ def child(cid: str, out: Path, seed: int) -> dict:
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=5_000_000)
     watch = _Watch()
     with watch.mode:
-        with torch.device("cuda"):
-            model, optimizer, batch, loss_fn = build(row["arch"], row["batch"], own_checkpointing=row["own_checkpointing"])
-        prepared = prepare(model, optimizer, row["plan"], device_type="cuda") if row["plan"] else None
-        if prepared is not None:
-            optimizer = prepared.optimizer
-        for _ in range(STEPS):
-            train_step(model, optimizer, batch, loss_fn, prepared)
-    torch.cuda.synchronize()
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    trace = [{"action": e["action"], "addr": e["addr"], "size": e["size"]} for e in snap["device_traces"][0]]
+        kept = train_steps(row)         # freed after the trace, as in zoo_traces
+    _snap, trace = recorded_trace()
+    del kept
     real = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
             "events": compact(trace), "segment_addresses": _segment_addresses(trace),
             "outside_at_start": start, "outside_growths": watch.growths}

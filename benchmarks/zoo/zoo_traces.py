@@ -44,25 +44,40 @@ def _row(cid: str) -> dict:
     raise SystemExit(f"no zoo configuration {cid}")
 
 
-def _real(row: dict, seed: int = 0) -> dict:
+def train_steps(row: dict, device: str = "cuda") -> tuple:
+    """Build the configuration on `device`, apply its plan and train its STEPS steps, as the
+    zoo measures it: (model, optimizer, batch, prepared), for the caller to free."""
     import torch
 
     from memdoctor.predict.fake_step import train_step
     from memdoctor.remedies import prepare
     from zoo_models import build
-    torch.manual_seed(seed)
-    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=5_000_000)
-    with torch.device("cuda"):
+    with torch.device(device):
         model, optimizer, batch, loss_fn = build(row["arch"], row["batch"], own_checkpointing=row["own_checkpointing"])
-    prepared = prepare(model, optimizer, row["plan"], device_type="cuda") if row["plan"] else None
+    prepared = prepare(model, optimizer, row["plan"], device_type=device) if row["plan"] else None
     if prepared is not None:
         optimizer = prepared.optimizer
     for _ in range(STEPS):
         train_step(model, optimizer, batch, loss_fn, prepared)
+    return model, optimizer, batch, prepared
+
+
+def recorded_trace() -> tuple[dict, list[dict]]:
+    """Stop torch.cuda.memory._record_memory_history: (its snapshot, the device's allocator
+    events as action, address, size)."""
+    import torch
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    trace = [{"action": e["action"], "addr": e["addr"], "size": e["size"]} for e in snap["device_traces"][0]]
+    return snap, [{"action": e["action"], "addr": e["addr"], "size": e["size"]} for e in snap["device_traces"][0]]
+
+
+def _real(row: dict, seed: int = 0) -> dict:
+    import torch
+    torch.manual_seed(seed)
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=5_000_000)
+    model, optimizer, batch, prepared = train_steps(row)
+    snap, trace = recorded_trace()
     out = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
            "segments": sum(1 for e in trace if e["action"] == "segment_alloc"), "events": compact(trace),
            "segment_addresses": _segment_addresses(trace),

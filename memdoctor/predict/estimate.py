@@ -452,22 +452,19 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
 
 def _library_maps(run: Run, watch: KernelWatch, inserted: list[int]) -> dict[int, int]:
     """Block id -> the bytes the driver maps for a library just before that block is
-    allocated: each thread's cuBLAS handle before its cuBLAS workspace, its cuDNN handle before
-    the first allocation after its first cuDNN op. `inserted`: the positions, sorted, at which
-    events were inserted after the watch noted its indices."""
+    allocated: each thread's handle before the first allocation after its first call of the
+    library (for cuBLAS, its workspace, inserted there). `inserted`: the positions, sorted, at
+    which events were inserted after the watch noted its indices."""
     maps: dict[int, int] = {}
-    for thread in watch.blas:
-        name = f"cuBLAS workspace ({thread} thread)"
-        block = next((b for b in run.blocks.values() if b.name == name), None)
-        if block is not None:
-            maps[block.id] = CUBLAS_THREAD_BYTES
-    for pos in watch.dnn.values():
+    firsts = [(pos, CUBLAS_THREAD_BYTES) for pos in watch.blas.values()]
+    firsts += [(pos, CUDNN_THREAD_BYTES) for pos in watch.dnn.values()]
+    for pos, nbytes in firsts:
         seq = pos + bisect.bisect_left(inserted, pos)
         while seq < len(run.actions) and run.actions[seq] != Action.ALLOC:
             seq += 1
         if seq < len(run.actions):
             bid = run.event_blocks[seq]
-            maps[bid] = maps.get(bid, 0) + CUDNN_THREAD_BYTES
+            maps[bid] = maps.get(bid, 0) + nbytes
     return maps
 
 
