@@ -12,6 +12,7 @@ from memdoctor.predict.cpu_standin import CpuForCuda, cuda_built
 from memdoctor.predict.data_dependent import DataDependent
 from memdoctor.predict.eager_libraries import eager
 from memdoctor.predict.fake_build import call_build
+from memdoctor.predict.fake_caches import clear_caches_filled
 from memdoctor.predict.fake_step import force_cuda_default_foreach, train_step
 from memdoctor.predict.fused_rnn import cudnn_rnns
 from memdoctor.predict.fused_tables import FusedTables
@@ -65,7 +66,7 @@ def memtracker_peak(build: Callable, plan: Plan | None, device: str = "cuda", st
     redirect = CpuForCuda() if on_cpu else contextlib.nullcontext()
     tables = FusedTables()
     rnns = cudnn_rnns(device_type="cpu" if on_cpu else "cuda") if target == "cuda" else contextlib.nullcontext()
-    with fake_mode, DataDependent(), redirect, rnns, eager() as libraries:
+    with clear_caches_filled(), fake_mode, DataDependent(), redirect, rnns, eager() as libraries:
         mt = MemTracker()
         with mt:
             with torch.device(sim):

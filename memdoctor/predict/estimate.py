@@ -85,6 +85,7 @@ from memdoctor.predict.distributed import one_rank
 from memdoctor.predict.events import batch_blocks, insert_events, inputs_are_the_batch, reorder_allocations
 from memdoctor.predict.cpu_packed_rnn import cpu_packed_rnns
 from memdoctor.predict.fake_build import call_build, deepcopy_keeps_fake_mode, fakeify
+from memdoctor.predict.fake_caches import clear_caches_filled
 from memdoctor.predict.fake_step import force_cuda_default_foreach, train_step
 from memdoctor.predict.fused_tables import FusedTables
 from memdoctor.predict.grad_sums import merge_in_place, sums_in_place
@@ -301,7 +302,7 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     forced_foreach = False
     stage = "building the model, optimizer and batch"
     try:
-        with fake_mode, values, KernelLayouts(), redirect, cuda_kernels, rnns, packed_sequences(rnn_notes), \
+        with clear_caches_filled(), fake_mode, values, KernelLayouts(), redirect, cuda_kernels, rnns, packed_sequences(rnn_notes), \
                 linear_calls(), deepcopy_keeps_fake_mode(), eager() as libraries:
             with tracer:
                 tracer.hooks.alias_subclass = values.alias
