@@ -84,7 +84,7 @@ def test_caches_are_cleared_when_the_block_fails():
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers")
 def test_beit_trains_on_real_tensors_after_its_estimate():
     """transformers' BEiT memoises its relative position index: filled by the estimate's fake
-    build, it made the next real BEiT in the process compute a FakeTensor loss."""
+    build and kept, it would make the next real BEiT in the process compute a FakeTensor loss."""
     import transformers
 
     config = transformers.BeitConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

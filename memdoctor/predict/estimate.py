@@ -302,8 +302,8 @@ def _run_fake_steps(build: Callable, plan: Plan, target: _Target, steps: int,
     forced_foreach = False
     stage = "building the model, optimizer and batch"
     try:
-        with clear_caches_filled(), fake_mode, values, KernelLayouts(), redirect, cuda_kernels, rnns, packed_sequences(rnn_notes), \
-                linear_calls(), deepcopy_keeps_fake_mode(), eager() as libraries:
+        with clear_caches_filled(), fake_mode, values, KernelLayouts(), redirect, cuda_kernels, rnns, \
+                packed_sequences(rnn_notes), linear_calls(), deepcopy_keeps_fake_mode(), eager() as libraries:
             with tracer:
                 tracer.hooks.alias_subclass = values.alias
                 watch = KernelWatch(tracer.recorder, Gpu.local() if target.device == "cuda" else None, conv_probe,

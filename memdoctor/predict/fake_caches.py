@@ -31,11 +31,10 @@ def lru_caches() -> list:
 def clear_caches_filled() -> Iterator[None]:
     """Clear, on exit, the lru caches whose functions were called to compute something in
     the block (the fake step's values would stay in them)."""
-    before = {id(c): (c, c.cache_info().misses) for c in lru_caches()}
+    misses = {cache: cache.cache_info().misses for cache in lru_caches()}     # keyed by identity
     try:
         yield
     finally:
         for cache in lru_caches():
-            seen = before.get(id(cache))
-            if seen is None or seen[0] is not cache or cache.cache_info().misses > seen[1]:
+            if cache.cache_info().misses > misses.get(cache, -1):
                 cache.cache_clear()
