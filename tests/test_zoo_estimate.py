@@ -139,7 +139,15 @@ def test_math_attention_keeps_the_scaled_query_until_it_returns():
     assert abs(est.peak_allocated_bytes - real["max_allocated"]) <= 0.001 * real["max_allocated"]
 
 
+def _transformers_at_least(major: int, minor: int) -> bool:
+    if not HAS_TRANSFORMERS:
+        return False
+    import transformers
+    return tuple(int(p) for p in transformers.__version__.split(".")[:2]) >= (major, minor)
+
+
 @needs_transformers
+@pytest.mark.skipif(_transformers_at_least(5, 25), reason="Falcon's attention as transformers 5.17-5.24 define it")
 def test_math_attention_in_bf16_computes_in_fp32_as_the_h200_did():
     """Falcon's multi-query attention under bf16 autocast falls back to math attention, which
     computes fp16/bf16 inputs in fp32 (unless allow_fp16_bf16_reduction_math_sdp): scores and
@@ -148,6 +156,20 @@ def test_math_attention_in_bf16_computes_in_fp32_as_the_h200_did():
     in fp32 the estimate makes the H200's peaks
     (tests/fixtures/zoo_traces/falcon_bf16_b8.json.gz, benchmarks/zoo/zoo_traces.py)."""
     real = h200_trace("falcon_bf16_b8")
+    est = zoo_estimate("falcon", 8, "bf16")
+    assert abs(est.peak_allocated_bytes - real["max_allocated"]) <= 0.001 * real["max_allocated"]
+    assert abs(est.peak_reserved_bytes - real["max_reserved"]) <= 0.001 * real["max_reserved"]
+
+
+@needs_transformers
+@pytest.mark.skipif(not _transformers_at_least(5, 25), reason="Falcon's attention as transformers 5.25 defines it")
+def test_grouped_query_attention_takes_cudnn_as_the_h200_did():
+    """transformers 5.25's Falcon passes its one key/value head to SDPA with enable_gqa; under
+    bf16 autocast the dispatcher's rules take cuDNN attention, which keeps the output and its
+    logsumexp, not the softmax, and the estimate makes the H200's peaks: 9.12 GB allocated
+    where 5.17's math attention took 11.46 GB (tests/fixtures/zoo_traces/falcon_bf16_b8_transformers525.json.gz,
+    benchmarks/zoo/zoo_traces.py with transformers 5.25)."""
+    real = h200_trace("falcon_bf16_b8_transformers525")
     est = zoo_estimate("falcon", 8, "bf16")
     assert abs(est.peak_allocated_bytes - real["max_allocated"]) <= 0.001 * real["max_allocated"]
     assert abs(est.peak_reserved_bytes - real["max_reserved"]) <= 0.001 * real["max_reserved"]

@@ -38,9 +38,16 @@ class SimulatedBudget:
 
 
 def cap_cuda(limit: int, device: int | None = None) -> float:
-    """Cap the caching allocator of `device` at `limit` bytes; returns the fraction set."""
+    """Cap the caching allocator of `device` at `limit` bytes; returns the fraction set.
+
+    The allocator checks the fraction only when it asks the driver for a new segment: blocks
+    it already caches are handed out past the cap. So the cached, unused segments are
+    released first, and what the process reserves from here on is what the cap allows (a
+    notebook that trained a bigger model before would otherwise never meet the budget)."""
     index = torch.cuda.current_device() if device is None else device
     total = torch.cuda.get_device_properties(index).total_memory
     fraction = min(max(limit / total, 0.0), 1.0)
     torch.cuda.set_per_process_memory_fraction(fraction, index)
+    with torch.cuda.device(index):
+        torch.cuda.empty_cache()
     return fraction

@@ -30,6 +30,25 @@ def test_watch_names_the_cause_of_an_oom(mode, tmp_path):
     torch.cuda.empty_cache()
 
 
+@pytest.mark.parametrize("source", ["allocator", "dispatch"])
+def test_the_budget_holds_where_the_process_cached_more_than_it(source, tmp_path):
+    """A process that held 2 GiB before (a bigger model earlier in a notebook) keeps those
+    segments cached; the allocator hands cached blocks out without checking the cap, so
+    the budget releases them first and the run meets its OOM where a 512 MiB GPU would."""
+    cached = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    del cached
+    assert torch.cuda.memory_reserved() >= 2 << 30
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).cuda()
+    report = tmp_path / "oom.json"
+    with pytest.raises(torch.OutOfMemoryError):
+        with memdoctor.watch(model, budget="512MiB", report=report, source=source):
+            model(torch.randn(65536, 256, device="cuda")).square().mean().backward()   # 256 MiB a layer
+    assert torch.cuda.max_memory_reserved() >= 2 << 30          # the cache was there
+    assert json.loads(report.read_text())["oom"]
+    del model
+    torch.cuda.empty_cache()
+
 
 @pytest.mark.parametrize("mode", ["light", "full"])
 def test_watch_names_a_slow_leak_and_its_line(mode, tmp_path):
