@@ -305,7 +305,9 @@ def _run_child(row: dict, args, deadline: float) -> dict:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
     except subprocess.TimeoutExpired:
-        return {**row, "child_error": f"no result within {timeout:.0f} s", "child_seconds": round(timeout, 1)}
+        cut_short = timeout < CHILD_TIMEOUT_S          # by the run's deadline: --resume runs it again
+        return {**row, "child_error": f"no result within {timeout:.0f} s" + (" (time budget)" if cut_short else ""),
+                "child_seconds": round(timeout, 1)}
     result = None
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):

@@ -44,7 +44,7 @@ def test_the_budget_holds_where_the_process_cached_more_than_it(source, tmp_path
     with pytest.raises(torch.OutOfMemoryError):
         with memdoctor.watch(model, budget="512MiB", report=report, source=source):
             model(torch.randn(65536, 256, device="cuda")).square().mean().backward()   # 256 MiB a layer
-    assert torch.cuda.max_memory_reserved() >= 2 << 30          # the cache was there
+    assert torch.cuda.memory_reserved() <= 512 << 20            # the cache released, the cap held
     assert json.loads(report.read_text())["oom"]
     del model
     torch.cuda.empty_cache()
