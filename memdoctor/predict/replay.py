@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, ModelOOM
+from memdoctor.cuda.allocator_model import AllocatorConfig, CachingAllocatorModel, ModelOOM, placements
 from memdoctor.run import Action, CATEGORIES, Category, Run
 
 __all__ = ["Replay", "counted_blocks", "replay", "check_budget", "MAX_REPEATS"]
@@ -201,13 +201,14 @@ def replay(run: Run, counted: set[int], model: CachingAllocatorModel, stop_on_oo
 
 def check_budget(run: Run, counted: set[int], conf: AllocatorConfig, budget: int,
                  sizes_of: dict[int, int] | None, steps: int | None = None,
-                 maps: dict[int, int] | None = None) -> tuple[bool, dict | None, int]:
+                 maps: dict[int, int] | None = None, placement: str = "driver") -> tuple[bool, dict | None, int]:
     """Replay again with the allocator capped at the budget (cached segments are released
     and the request retried before an OOM, as on a GPU), steady steps included: whether it
     fits, the OOM if not (where, and what asked), and the reserved peak under the cap, with
-    the segment placement the estimate reports (memdoctor.cuda.allocator_model.DriverSpace)."""
-    result = replay(run, counted, CachingAllocatorModel(budget, conf), stop_on_oom=True, sizes_of=sizes_of,
-                    steps=steps, maps=maps)
+    the segment placement the estimate reports (`placement`, a name of
+    memdoctor.cuda.allocator_model.placements())."""
+    model = CachingAllocatorModel(budget, conf, placements()[placement])
+    result = replay(run, counted, model, stop_on_oom=True, sizes_of=sizes_of, steps=steps, maps=maps)
     oom = result.oom
     if oom is None:
         return True, None, result.peak_reserved
