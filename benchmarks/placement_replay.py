@@ -6,7 +6,8 @@ driver really gave.
 
     python benchmarks/placement_replay.py tests/fixtures/*/*.json.gz benchmarks/results/zoo_traces_h200_2026-12-02/*.json.gz
 
-The traces come from benchmarks/zoo/zoo_traces.py and benchmarks/allocator_replay.py (on a
+The estimate reports the higher of the driver's rule and the slots alone; the summary counts
+how often that is exact and under. The traces come from benchmarks/zoo/zoo_traces.py and benchmarks/allocator_replay.py (on a
 GPU); this replay needs none. Writes placement_replay_<hardware>_<date>.json with a row per
 trace and how many each placement reserves exactly as the GPU did.
 """
@@ -59,9 +60,16 @@ def main(argv=None) -> int:
     names = list(placements())
     summary = {k: sum(r[k] == r["gpu_reserved"] for r in rows) for k in names}
     summary["highest"] = sum(max(r[k] for k in names) == r["gpu_reserved"] for r in rows)
+    # what the estimate reports: the higher of the driver's rule and the slots alone
+    reported = [max(r["driver"], r["slots"]) for r in rows]
+    summary["reported_exact"] = sum(v == r["gpu_reserved"] for v, r in zip(reported, rows))
+    summary["reported_under"] = [r["trace"] for v, r in zip(reported, rows) if v < r["gpu_reserved"]]
+    summary["driver_under"] = [r["trace"] for r in rows if r["driver"] < r["gpu_reserved"]]
     summary["traces"] = len(rows)
     print(f"\nexact on {summary['traces']} traces: " + ", ".join(f"{k} {summary[k]}" for k in names)
-          + f", the highest of them {summary['highest']}")
+          + f", the highest of them {summary['highest']}; the estimate's (driver or slots, the higher) "
+          f"{summary['reported_exact']}, under on {len(summary['reported_under'])} (the driver's rule alone: "
+          f"{len(summary['driver_under'])})")
     print("written:", resultfile.save("placement_replay", resultfile.hardware("cpu"), {"rows": rows,
                                                                                       "summary": summary}, args.out))
     return 0
