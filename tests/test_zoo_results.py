@@ -44,3 +44,16 @@ def test_over_seeds_measures_a_drawing_configuration_by_its_highest_seed():
         assert row["error_reserved_pct"] == round(100 * (row["predicted_reserved_bytes"] - highest) / highest, 2)
     assert rows["hubert/fp32/b4"]["measured_reserved_bytes"] > before["hubert/fp32/b4"]["measured_reserved_bytes"]
     assert rows["gpt2/fp32/b8"] == before["gpt2/fp32/b8"]
+
+
+def test_resume_runs_again_what_the_deadline_cut_short():
+    """A configuration whose child the run's deadline stopped is run again on --resume; one
+    that hung for the whole per-child limit, or finished, is kept."""
+    from zoo_accuracy import _resumed
+    previous = {"configs": [
+        {"id": "recurrent-gemma/fp32/b2", "child_error": "no result within 32 s (time budget)"},
+        {"id": "lstm/fp32/b16", "child_error": "not run: time budget"},
+        {"id": "mamba/bf16/b4", "child_error": "no result within 300 s"},
+        {"id": "gpt2/fp32/b8", "measured_allocated_bytes": 10}]}
+    rows = [{"id": r["id"]} for r in previous["configs"]]
+    assert [r["id"] for r in _resumed(previous, rows)] == ["mamba/bf16/b4", "gpt2/fp32/b8"]
