@@ -112,9 +112,10 @@ def _frame_label(frames: list[dict]) -> str:
 
 
 def _predicted(row: dict) -> dict:
-    """The estimate, with the requests of each of its replays logged (the budget checks'
-    aside): "events" and "labels" the first's, "varied" the others' (the steps with random
-    draws varied, where the model has LayerDrop)."""
+    """The estimate, with the requests of each of its replays under the driver's placement
+    logged (the budget checks' and the other placements' aside: the same requests): "events"
+    and "labels" the first's, "varied" the others' (the steps with random draws varied, where
+    the model has LayerDrop)."""
     from memdoctor.cuda import allocator_model
     from memdoctor.predict.config import estimate_config
     from zoo_accuracy import ZOO_SCRIPT, _script_args
@@ -134,7 +135,7 @@ def _predicted(row: dict) -> dict:
 
     def malloc(self, nbytes):
         block = real_malloc(self, nbytes)
-        if self.capacity is None and block is not None:     # not a budget check's replay
+        if self.capacity is None and self.driver.first_chunk and block is not None:   # the estimate's driver rule
             models.append(self)                 # kept, so that no later model reuses its id
             log, labels = logs.setdefault(id(self), ([], []))
             numbers[id(block)] = len(labels)
