@@ -1,0 +1,80 @@
+"""Every distinct convolution of zoo configurations with the cuDNN workspaces this machine's
+GPU gives it, as the estimate's probe measures them (memdoctor/predict/op_probe.py).
+
+A CPU-only estimate has no GPU to ask, so it bounds each convolution's workspace by a rule
+of the convolution's shapes (memdoctor/cuda/conv_workspace.py). This collects what the rule
+is checked against: per call, forward or backward, its tensors (shapes, strides, dtype), its
+other arguments and the scratch the GPU took, with the rule's bound beside it.
+
+    python benchmarks/zoo/conv_workspace_sizes.py [--workers 6] [--out DIR] ID [ID ...]
+
+Each ID (ARCH/MODE/bBATCH) is estimated in a fresh process on an otherwise idle GPU (cuDNN
+takes smaller workspaces when memory is short). Writes conv_workspace_sizes_<hardware>_<date>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ZOO_DIR = ROOT / "benchmarks" / "zoo"
+for path in (ROOT, ROOT / "benchmarks", ZOO_DIR):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+
+def estimate_probes(cid: str) -> list[dict]:
+    """The estimate's probe results after the configuration's default estimate in this process."""
+    from memdoctor.predict import op_probe
+    from memdoctor.predict.config import estimate_config
+    from zoo_accuracy import ZOO_SCRIPT, _script_args
+    from zoo_traces import _row
+    row = _row(cid)
+    estimate_config(script=str(ZOO_SCRIPT), script_args=_script_args(row), plan=row["plan"])
+    out = []
+    for (_, key), scratch in op_probe.MEASURED.items():
+        leaves = key[1]
+        out.append({"tensors": [[list(x[1]), list(x[2]), x[3]] for x in leaves if x[0] == "tensor"],
+                    "values": [x[1] for x in leaves if x[0] == "value"],
+                    # convolution_backward's output_mask adds three bools to `transposed`
+                    "backward": sum(1 for x in leaves if x[0] == "value" and isinstance(x[1], bool)) > 1,
+                    "scratch": [s.nbytes for s in scratch]})
+    return out
+
+
+def _child(cid: str) -> dict:
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", cid],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode:
+        return {"id": cid, "error": proc.stderr.strip().splitlines()[-1:] or ["exit %d" % proc.returncode]}
+    return {"id": cid, "convolutions": json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ids", nargs="*")
+    ap.add_argument("--workers", type=int, default=6)
+    ap.add_argument("--out")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(estimate_probes(args.child)))
+        return 0
+    import resultfile
+    with cf.ThreadPoolExecutor(args.workers) as pool:
+        results = list(pool.map(_child, args.ids))
+    for r in results:
+        convs = r.get("convolutions") or []
+        print(r["id"], r.get("error") or f"{len(convs)} distinct convolutions, largest workspace "
+              f"{max((max(c['scratch'], default=0) for c in convs), default=0) / 2**20:.2f} MiB")
+    path = resultfile.save("conv_workspace_sizes", resultfile.hardware("cuda"), {"results": results}, out=args.out)
+    print("written:", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
