@@ -47,8 +47,11 @@ def estimate_probes(cid: str) -> list[dict]:
 
 
 def _child(cid: str) -> dict:
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", cid],
-                          capture_output=True, text=True, timeout=600)
+    try:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", cid],
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return {"id": cid, "error": ["timed out after 300 s"]}
     if proc.returncode:
         return {"id": cid, "error": proc.stderr.strip().splitlines()[-1:] or ["exit %d" % proc.returncode]}
     return {"id": cid, "convolutions": json.loads(proc.stdout.strip().splitlines()[-1])}
@@ -65,14 +68,19 @@ def main(argv=None) -> int:
         print(json.dumps(estimate_probes(args.child)))
         return 0
     import resultfile
+    hw = resultfile.hardware("cuda")
+    results = []
+
+    def save():
+        return resultfile.save("conv_workspace_sizes", hw, {"results": results}, out=args.out)
     with cf.ThreadPoolExecutor(args.workers) as pool:
-        results = list(pool.map(_child, args.ids))
-    for r in results:
-        convs = r.get("convolutions") or []
-        print(r["id"], r.get("error") or f"{len(convs)} distinct convolutions, largest workspace "
-              f"{max((max(c['scratch'], default=0) for c in convs), default=0) / 2**20:.2f} MiB")
-    path = resultfile.save("conv_workspace_sizes", resultfile.hardware("cuda"), {"results": results}, out=args.out)
-    print("written:", path)
+        for r in pool.map(_child, args.ids):        # saved as each comes, so a cut-short run keeps its rows
+            results.append(r)
+            convs = r.get("convolutions") or []
+            print(r["id"], r.get("error") or f"{len(convs)} distinct convolutions, largest workspace "
+                  f"{max((max(c['scratch'], default=0) for c in convs), default=0) / 2**20:.2f} MiB", flush=True)
+            save()
+    print("written:", save())
     return 0
 
 
