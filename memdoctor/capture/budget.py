@@ -7,10 +7,14 @@ either source, so the OOM is real and comes where the GPU's would.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from memdoctor.units import format_bytes
 from memdoctor.capture.recorder import Recorder
+
+log = logging.getLogger("memdoctor")
 
 
 def simulated_message(requested: int, live: int, budget: int, device: str) -> str:
@@ -50,4 +54,20 @@ def cap_cuda(limit: int, device: int | None = None) -> float:
     torch.cuda.set_per_process_memory_fraction(fraction, index)
     with torch.cuda.device(index):
         torch.cuda.empty_cache()
+    note = held_past_budget_note(torch.cuda.memory_reserved(index), torch.cuda.memory_allocated(index), limit)
+    if note:
+        log.warning("memdoctor: %s", note)
     return fraction
+
+
+def held_past_budget_note(reserved: int, allocated: int, limit: int) -> str:
+    """What to tell a user whose process already reserves more than the budget once its
+    free cached segments are released: a segment with any live tensor in it stays (a new
+    model's weights carved out of a bigger model's cached segment pin all of it), and the
+    cap counts it, so the run meets the budget's OOM earlier than a GPU of that size would."""
+    if reserved <= limit:
+        return ""
+    return (f"this process already reserves {format_bytes(reserved)} of GPU memory ({format_bytes(allocated)} of it "
+            f"in live tensors, the rest free space in their segments), more than the budget of "
+            f"{format_bytes(limit)}: the budget's OOM comes at the first new segment; run in a fresh process "
+            "for a budget that behaves like a GPU of that size")

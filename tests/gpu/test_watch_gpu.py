@@ -34,12 +34,15 @@ def test_watch_names_the_cause_of_an_oom(mode, tmp_path):
 def test_the_budget_holds_where_the_process_cached_more_than_it(source, tmp_path):
     """A process that held 2 GiB before (a bigger model earlier in a notebook) keeps those
     segments cached; the allocator hands cached blocks out without checking the cap, so
-    the budget releases them first and the run meets its OOM where a 512 MiB GPU would."""
+    the budget releases them first and the run meets its OOM where a 512 MiB GPU would.
+    The model is made first: made after, its weights would be carved out of the free
+    2 GiB and pin it (the next test)."""
+    torch.cuda.empty_cache()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).cuda()
     cached = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     del cached
     assert torch.cuda.memory_reserved() >= 2 << 30
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).cuda()
     report = tmp_path / "oom.json"
     with pytest.raises(torch.OutOfMemoryError):
         with memdoctor.watch(model, budget="512MiB", report=report, source=source):
@@ -47,6 +50,23 @@ def test_the_budget_holds_where_the_process_cached_more_than_it(source, tmp_path
     assert torch.cuda.memory_reserved() <= 512 << 20            # the cache released, the cap held
     assert json.loads(report.read_text())["oom"]
     del model
+    torch.cuda.empty_cache()
+
+
+def test_the_budget_says_when_live_tensors_hold_more_than_it(tmp_path, caplog):
+    """A live tensor pins its whole segment: a budget smaller than what the process holds
+    cannot behave like a GPU of that size, and the user is told so, with the bytes."""
+    torch.cuda.empty_cache()
+    held = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    model = nn.Linear(256, 256).cuda()
+    with caplog.at_level("WARNING", logger="memdoctor"):
+        try:
+            with memdoctor.watch(model, budget="512MiB", report=tmp_path / "r.json"):
+                model(torch.randn(8, 256, device="cuda")).sum().backward()
+        except torch.OutOfMemoryError:
+            pass        # a new segment (cuBLAS's workspace) is past the cap at once, as the warning says
+    assert "more than the budget of 512.00 MiB" in caplog.text and "1.00 GiB" in caplog.text, caplog.text
+    del held, model
     torch.cuda.empty_cache()
 
 
