@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--anchors", action="store_true",
                    help="also show torch MemTracker's, DeepSpeed's and accelerate's figures (slower)")
     p.add_argument("--no-gpu-probe", action="store_true",
-                   help="use no GPU memory: bound cuDNN's convolution workspaces from above instead of measuring them on this machine's GPU")
+                   help="use no GPU memory: do not measure cuDNN's convolution workspaces on this machine's GPU")
     p.add_argument("-o", "--output", metavar="RUN", help="also save the predicted run here")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     add_hf_args(p)

@@ -13,7 +13,7 @@ the caching allocator at the first matmul of each thread are inserted into the R
 is the scratch memory CUDA kernels take and give back inside one call (reduction staging
 buffers, attention and embedding backward workspaces: memdoctor.cuda.kernel_scratch; cuDNN's
 convolution workspaces, measured on the local GPU where there is one:
-memdoctor.predict.op_probe, else bounded from above: memdoctor.cuda.conv_workspace), both noted while the step runs (memdoctor.predict.kernel_watch);
+memdoctor.predict.op_probe), both noted while the step runs (memdoctor.predict.kernel_watch);
 the gradient sums autograd makes in place on a GPU become one block each
 (memdoctor.predict.grad_sums). The Run's allocations and frees are replayed through a model of
 the CUDA caching allocator (memdoctor.cuda.allocator_model) to predict
@@ -26,8 +26,8 @@ allocator's counters never include. The driver maps the handles among the segmen
 replay places them where the step first calls each library.
 
 What the estimate cannot see (noted in Estimate.notes where it applies): flash-attention
-backward's accumulators, cuDNN's convolution workspaces without a GPU to measure them on
-(bounded from above instead), NCCL buffers, and other processes.
+backward's accumulators, cuDNN's convolution workspaces without a GPU to measure them on,
+NCCL buffers, and other processes.
 
 Plans (memdoctor.remedies.prepare) on fake tensors: precision (bf16/fp16 autocast,
 bf16-true master weights), checkpointing (full, selective, N blocks), micro-batches and the
@@ -92,7 +92,6 @@ from memdoctor.predict.grad_sums import merge_in_place, sums_in_place
 from memdoctor.predict.kernel_layouts import KernelLayouts
 from memdoctor.predict.linear_bias import linear_calls
 from memdoctor.predict.packed_sequences import packed_sequences
-from memdoctor.cuda.conv_workspace import LABEL as CONV_BOUND
 from memdoctor.predict.kernel_watch import (
     KernelWatch,
     cublas_workspace_bytes,
@@ -429,7 +428,7 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
     outputs of ops whose kernels make them in another order in that order. Returns the
     workspaces' bytes, what the libraries map outside the allocator, and where (_library_maps)."""
     run, watch = fake.run, fake.watch
-    conv_note, short_memory = "", ""
+    conv_note, convs_measured, short_memory = "", False, ""
     if conv_probe is not None and conv_probe.uses:
         try:
             measured = conv_probe.measure(torch.device("cuda"))
@@ -437,11 +436,10 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
             conv_note = (f"convolutions: cuDNN's workspaces measured on this machine's GPU "
                          f"({torch.cuda.get_device_name()}), each of the {len(measured)} distinct convolutions "
                          "run once on uninitialised tensors")
+            convs_measured = True
             short_memory = short_memory_note(conv_probe.free_bytes, conv_probe.total_bytes)
         except Exception as exc:
-            conv_note = (f"convolutions: measuring cuDNN's workspaces on this GPU failed ({_first_line(exc)}); "
-                         "they are not in the estimate, whose reserved peak can then be low: estimate with "
-                         "--no-gpu-probe for a bound from above")
+            conv_note = f"convolutions: measuring cuDNN's workspaces on this GPU failed ({_first_line(exc)})"
     reorder_allocations(run, watch.reorders)        # before the inserts: the spans' indices are the Run's
     ws_events = workspace_events(watch, target.sm90)
     scratch = scratch_events(watch)
@@ -462,12 +460,11 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
         notes.append(conv_note)
     if short_memory:
         notes.append(short_memory)
-    bounds = [e[3] for e in scratch if e[1] == "alloc" and e[4] == CONV_BOUND]
-    if bounds:
-        notes.append(f"convolutions: no GPU to measure cuDNN's workspaces on, so each of the {len(bounds)} "
-                     f"convolution calls takes a bound from above (memdoctor.cuda.conv_workspace; the largest "
-                     f"{format_bytes(max(bounds))}), above every workspace measured on an H200, and the reserved "
-                     "peak errs high; estimate on the GPU for its bytes")
+    if not convs_measured and any(b.name.startswith(("aten.convolution", "aten.cudnn")) for b in run.blocks.values()):
+        notes.append("convolutions: cuDNN allocates its workspace inside each call and frees it "
+                     "before returning; its size is cuDNN's choice per shape, GPU and version, and is "
+                     "not in the estimate without a GPU to measure it on (the reserved peak of a "
+                     "convolutional network can be 5-13% higher)")
     notes.append(library.describe())
     return workspaces, library, maps
 

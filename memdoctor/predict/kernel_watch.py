@@ -15,7 +15,6 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
 from memdoctor.cuda.blas_workspaces import (  # noqa: F401  (re-exported: the estimate's notes)
     CUBLASLT_WORKSPACE_BYTES, cublas_workspace_bytes, cublaslt_workspace_bytes, local_gpu_is_sm90)
-from memdoctor.cuda.conv_workspace import workspace_bound
 from memdoctor.cuda.kernel_scratch import scratch_for
 from memdoctor.cuda.library_memory import CUDNN_OPS
 from memdoctor.cuda.output_order import cuda_output_order
@@ -52,8 +51,7 @@ class KernelWatch(LeanDispatchMode):
     event index just after the op's outputs were allocated), and, with a `gpu`, the scratch
     memory each op's CUDA kernel would take (memdoctor.cuda.kernel_scratch) with the event
     indices before and after the op, and the ops whose kernels allocate their outputs in
-    another order (the op's event span and its output blocks in the kernel's order); with a `conv_probe`, the convolutions to measure
-    (without one, each convolution's workspace bounded from above: memdoctor.cuda.conv_workspace); and
+    another order (the op's event span and its output blocks in the kernel's order); with a `conv_probe`, the convolutions to measure; and
     the gradient sums autograd makes in place outside a dispatch mode
     (memdoctor.predict.grad_sums)."""
 
@@ -106,8 +104,6 @@ class KernelWatch(LeanDispatchMode):
             self.dnn_threads.add(thread)
         if self.gpu is not None:
             scratch = scratch_for(func, args, kwargs, self.gpu)
-            if self.conv_probe is None:
-                scratch = scratch + workspace_bound(func, args, kwargs, out)
             if scratch:
                 self.scratch.append((before, len(self.run.actions), scratch))
             order = cuda_output_order(func, args, kwargs)
