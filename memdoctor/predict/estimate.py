@@ -463,8 +463,9 @@ def _add_kernel_memory(fake: _FakeRun, target: _Target, conv_probe: ConvProbe | 
     if not convs_measured and any(b.name.startswith(("aten.convolution", "aten.cudnn")) for b in run.blocks.values()):
         notes.append("convolutions: cuDNN allocates its workspace inside each call and frees it "
                      "before returning; its size is cuDNN's choice per shape, GPU and version, and is "
-                     "not in the estimate without a GPU to measure it on (the reserved peak of a "
-                     "convolutional network can be 5-13% higher)")
+                     "not in the estimate without a GPU to measure it on: the allocated peak can be "
+                     "up to 10% higher and the reserved peak up to 40% (the zoo's UNet and wav2vec2 "
+                     "on an H200); estimate on the GPU for its bytes")
     notes.append(library.describe())
     return workspaces, library, maps
 

@@ -57,7 +57,9 @@ __all__ = ["cudnn_rnns", "RnnShape", "RnnSizes", "bound", "measure", "NOTE_BOUND
 _MODES = {"rnn_relu": (0, 1), "rnn_tanh": (1, 1), "lstm": (2, 4), "gru": (3, 3)}
 
 NOTE_BOUND = ("cuDNN RNN ({names}): its reserve space and workspaces are cuDNN's choice; without a GPU to measure "
-              "them on they are bounded from above, so the estimate errs high by up to the reserve's size")
+              "them on they are bounded from above, so the allocated peak errs high by up to the reserve's size; "
+              "the reserved peak can be off either way, the cache split otherwise (the zoo's GRU bf16 batch 32: "
+              "13% under an H200's)")
 NOTE_MEASURED = "cuDNN RNN ({names}): reserve space and workspaces measured on this machine's GPU ({gpu})"
 
 
