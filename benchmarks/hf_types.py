@@ -4,6 +4,7 @@ own sizes with --config-sizes), the answer or the one-line error, and the time.
 
     python benchmarks/hf_types.py                        # the types below, 2 layers, hidden 256
     python benchmarks/hf_types.py llama mamba --config-sizes --layers 2
+    python benchmarks/hf_types.py --all --workers 2       # every type the five auto classes know
 
 A type that has no such size (a convolutional network has no hidden size, Mamba no heads)
 runs at its config's own sizes, and its row says so. A type whose own transformers model
@@ -16,6 +17,7 @@ versions.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import re
 import subprocess
@@ -52,6 +54,29 @@ def run_one(model_type: str, flags: list[str], timeout: float) -> dict:
     return {"type": model_type, "ok": False, "exit": proc.returncode, "seconds": seconds, "error": lines[-1][:300]}
 
 
+def all_types() -> list[str]:
+    """Every model type a causal-LM, seq2seq-LM, masked-LM, image-classification or CTC auto
+    class maps: the ones `--hf` can build (memdoctor.predict.hf_models)."""
+    from transformers.models.auto import modeling_auto as auto
+    names = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+             "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+             "MODEL_FOR_CTC_MAPPING_NAMES")
+    return sorted({t for n in names for t in getattr(auto, n, {})})
+
+
+def run_sized(model_type: str, sizes: dict[str, str], tail: list[str], timeout: float) -> dict:
+    """run_one, dropping each size flag the type has no such size for (its config's own)."""
+    given = dict(sizes)
+    while True:
+        row = run_one(model_type, [x for kv in given.items() for x in kv] + tail, timeout)
+        missing = re.search(r" config has no \w+ \((--[\w-]+)\)", row.get("error", ""))
+        if row["ok"] or not missing or missing.group(1) not in given:
+            break
+        del given[missing.group(1)]
+    row["sizes"] = given
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("types", nargs="*", default=list(TYPES))
@@ -60,24 +85,21 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", default="2")
     ap.add_argument("--seq", default="256")
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--all", action="store_true", help="every type the five auto classes know (all_types)")
+    ap.add_argument("--workers", type=int, default=1, help="types at a time, each in its own process")
     ap.add_argument("--out", help="folder for the results file (default benchmarks/results)")
     args = ap.parse_args(argv)
     sizes = {"--layers": args.layers} if args.config_sizes else {"--layers": args.layers, "--hidden": "256",
                                                                   "--heads": "4"}
     flags = [x for kv in sizes.items() for x in kv] + ["--batch", args.batch, "--seq", args.seq]
+    types = all_types() if args.all else args.types
+    tail = ["--batch", args.batch, "--seq", args.seq]
     rows = []
-    for t in args.types:
-        given = dict(sizes)
-        while True:
-            row = run_one(t, [x for kv in given.items() for x in kv] + ["--batch", args.batch, "--seq", args.seq],
-                          args.timeout)
-            missing = re.search(r" config has no \w+ \((--[\w-]+)\)", row.get("error", ""))
-            if row["ok"] or not missing or missing.group(1) not in given:
-                break
-            del given[missing.group(1)]             # a size this type does not have: its config's own
-        row["sizes"] = given
-        rows.append(row)
-        print(f"{t:18s} {'ok' if row['ok'] else 'ERROR':5s} {row['seconds']:6.1f}s  {row.get('error', '')}", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.workers)) as pool:
+        for row in pool.map(lambda t: run_sized(t, sizes, tail, args.timeout), types):
+            rows.append(row)
+            print(f"{row['type']:18s} {'ok' if row['ok'] else 'ERROR':5s} {row['seconds']:6.1f}s  "
+                  f"{row.get('error', '')}", flush=True)
     ok = sum(r["ok"] for r in rows)
     print(f"\n{ok} of {len(rows)} types estimated")
     import torch  # noqa: F401  (imported for the versions the results file records)
