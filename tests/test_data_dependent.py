@@ -447,3 +447,32 @@ def test_cudnn_dropout_states_are_made_again_after_the_random_state_is_set():
         sizes.make_dropout_state(with_states, like)
         assert sizes.dropout_state is again
     assert torch.set_rng_state.__name__ == "set_rng_state" and not hasattr(torch.set_rng_state, "__wrapped__")
+
+
+class Guarded(nn.Module):
+    """Checks its activations for NaN and inf as quantized and guarded models do: I-BERT's
+    `assert x_max.isnan().sum() == 0`, and a skip of the rest of the model when a value is
+    not finite (on the step a real run takes, every value finite)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(256, 1024)
+        self.rest = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1024))
+
+    def forward(self, x):
+        h = self.first(x)
+        assert h.max().isnan().sum() == 0, "NaN detected"
+        if not torch.isfinite(h).all():
+            return h
+        return self.rest(h)
+
+
+def test_checks_for_nan_and_inf_take_an_ordinary_steps_branch():
+    from tests.support.real_steps import plain_peak
+    adamw = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-4)      # noqa: E731
+    batch = lambda: torch.randn(512, 256)                              # noqa: E731
+    loss = lambda m, b: m(b).square().mean()                           # noqa: E731
+    est = estimate(Guarded, adamw, batch, loss, device="cpu")
+    peak = plain_peak(Guarded, adamw, batch, loss)
+    assert abs(est.live_peak_bytes - peak) <= 0.01 * peak, (est.live_peak_bytes, peak)
+    assert any("every value finite" in n for n in est.notes), est.notes

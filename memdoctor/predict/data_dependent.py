@@ -47,6 +47,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from memdoctor.capture.lean_mode import DEVICE_QUERY, LeanDispatchMode, device_query
 from memdoctor.predict.fake_outputs import OutputMemo, memoizable
 from memdoctor.predict.fake_views import is_plain_view, view_of_fakes
+from memdoctor.predict.finite_checks import FINITE_CHECKS, finite_answer
 from memdoctor.predict.mask_unions import UNIONS, mask_elements, plain_tensors, union_bound
 from memdoctor.predict.random_draws import (COMPARISONS, MAX_DRAW_VARIANTS, RANDOM_DRAWS, UNIFORM_DRAWS,
                                            compare_range, span)
@@ -76,7 +77,7 @@ _VALUE_FREE = {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros"
 # fake kernels stricter than the real ones: run on stand-ins of this dtype for the shape
 _DTYPE_STAND_INS = {"_grouped_mm": torch.bfloat16}
 # ops whose dispatch here notes more than their outputs' shapes: never answered from the memo
-_NOT_MEMOIZED = _CHOOSERS | _VALUE_FREE | _ASSERTS | set(_DTYPE_STAND_INS) | RANDOM_DRAWS | {"eq"}
+_NOT_MEMOIZED = _CHOOSERS | _VALUE_FREE | _ASSERTS | set(_DTYPE_STAND_INS) | RANDOM_DRAWS | {"eq", "ne"} | set(FINITE_CHECKS)
 
 
 def _device_to_cpu(x):
@@ -231,6 +232,8 @@ class DataDependent(LeanDispatchMode):
                 self._mark_written(func, args, kwargs)
             if name in _CHOOSERS:
                 self._assume_spread(func, name, args, out)
+            elif finite_answer(name, args) is not None:       # memdoctor.predict.finite_checks
+                self._assume_finite(name, out, finite_answer(name, args))
             elif name == "eq":
                 self._note_part(args, out)
             if self.noting and (name in RANDOM_DRAWS or (len(self.drawn) and self._any_drawn(args))):
@@ -393,6 +396,14 @@ class DataDependent(LeanDispatchMode):
             else:                           # one index per row (the dimension reduced away)
                 real = (torch.arange(idx.numel()) % n).reshape(idx.shape)
         self.remember(idx, real, frozenset({f"aten.{name}"}))
+
+    def _assume_finite(self, name: str, out, answer: bool) -> None:
+        """A NaN / inf check of values the estimate does not have: every element finite."""
+        if isinstance(out, FakeTensor) and _small(out):
+            with _real():
+                self.remember(out, torch.full(tuple(out.shape), answer, dtype=torch.bool))
+            self._note("finite", f"checks for NaN and inf (aten.{name}) on weights, activations or the loss "
+                       "are taken as an ordinary step's: every value finite")
 
     @staticmethod
     def _dim_of(name: str, args, source) -> int:
