@@ -51,6 +51,15 @@ def test_an_encoder_decoder_and_an_image_model_get_their_own_batches(capsys):
         assert code == 0 and json.loads(capsys.readouterr().out)["config"]["task"] == kind
 
 
+@needs_transformers
+def test_an_image_size_given_as_height_and_width_takes_the_height():
+    from memdoctor.predict.hf_models import HfModel
+    _, config = HfModel(model_type="hiera").builder(2)          # Hiera's config: image_size (224, 224)
+    assert config["image_size"] == 224
+    _, config = HfModel(model_type="hiera").builder(2, image_size=160)
+    assert config["image_size"] == 160
+
+
 def _params(cfg) -> int:
     import transformers
     auto = "AutoModelForSeq2SeqLM" if cfg.is_encoder_decoder else "AutoModelForCausalLM"

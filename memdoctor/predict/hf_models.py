@@ -135,9 +135,8 @@ class HfModel:
             if getattr(cfg, "decoder_start_token_id", None) is None:
                 cfg.decoder_start_token_id = cfg.pad_token_id
         seq = int(seq or self.default_seq(cfg))
-        size = int(image_size or getattr(cfg, "image_size", 224) or 224)
-        if isinstance(getattr(cfg, "image_size", None), (list, tuple)):
-            size = int(image_size or cfg.image_size[0])
+        own = getattr(cfg, "image_size", None) or 224
+        size = int(image_size or (own[0] if isinstance(own, (list, tuple)) else own))     # (224, 224): Hiera
         vocab = int(getattr(cfg, "vocab_size", 0) or 0)
         labels = int(getattr(cfg, "num_labels", 2) or 2)
 
