@@ -60,6 +60,27 @@ def test_an_image_size_given_as_height_and_width_takes_the_height():
     assert config["image_size"] == 160
 
 
+@needs_transformers
+def test_a_ctc_model_fed_log_mel_features_gets_them_and_trains(tmp_path):
+    """Parakeet takes log-mel features where wav2vec2 takes the waveform: 10 s of audio as
+    1,000 frames of its encoder's mel bins, with their attention mask; a real step trains."""
+    import torch
+
+    from memdoctor.predict.fake_step import train_step
+    from memdoctor.predict.hf_models import HfModel
+    encoder = {"model_type": "parakeet_encoder", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+               "num_key_value_heads": 2, "intermediate_size": 128, "num_mel_bins": 40, "subsampling_conv_channels": 16}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "parakeet_ctc", "vocab_size": 33, "pad_token_id": 32,
+                                  "encoder_config": encoder}))
+    build, _ = HfModel(config_path=str(config)).builder(2)
+    model, optimizer, batch, loss = build()
+    assert "input_values" not in batch and tuple(batch["input_features"].shape) == (2, 1000, 40)
+    assert tuple(batch["attention_mask"].shape) == (2, 1000)
+    train_step(model, optimizer, batch, loss)
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 def _params(cfg) -> int:
     import transformers
     auto = "AutoModelForSeq2SeqLM" if cfg.is_encoder_decoder else "AutoModelForCausalLM"

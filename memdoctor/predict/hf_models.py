@@ -6,7 +6,8 @@ The model class follows from the config: a causal LM for decoder-only types, a
 sequence-to-sequence LM for encoder-decoders, a masked LM for encoders, an image classifier
 for vision configs, CTC for speech encoders; its batch is what a data loader gives it
 (token ids with an all-ones attention mask and labels; pixel values and class labels; 10 s of
-16 kHz audio and a transcript), and the loss is the one the model computes from its labels.
+16 kHz audio, or its log-mel features for a model that takes them, and a transcript), and the
+loss is the one the model computes from its labels.
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ class HfModel:
         key/value heads and --heads alone is given, they keep the model's heads per key/value
         head (Mistral's 32 and 8 become 4 and 1 with --heads 4)."""
         try:
+            import torch
             import transformers
         except ImportError:
             raise ValueError("--hf and --hf-config need transformers: pip install transformers") from None
@@ -141,6 +143,7 @@ class HfModel:
         labels = int(getattr(cfg, "num_labels", 2) or 2)
 
         def build():
+            import torch
             import transformers
 
             from memdoctor.predict.models import make_optimizer
@@ -149,7 +152,11 @@ class HfModel:
                 model_class = model_class[0]
             model = model_class._from_config(cfg)
             model.train()
-            return model, make_optimizer(optimizer, model), _batch(kind, batch, seq, size, vocab, labels), _loss
+            data = _batch(kind, batch, seq, size, vocab, labels)
+            if kind == "audio" and _takes_features(model):
+                data["input_features"] = _features(cfg, batch, data.pop("input_values").shape[1])
+                data["attention_mask"] = torch.ones(data["input_features"].shape[:2], dtype=torch.long)
+            return model, make_optimizer(optimizer, model), data, _loss
 
         config = {"model": f"{cfg.model_type} (transformers, random weights)", "hf": self.model_type, "hf_config": os.path.abspath(self.config_path) if self.config_path else None,
                   "model_type": cfg.model_type, "task": auto, "batch": batch,
@@ -197,6 +204,27 @@ def _batch(kind: str, n: int, seq: int, size: int, vocab: int, labels: int) -> d
         return {"pixel_values": torch.randn(n, 3, size, size), "labels": torch.randint(0, labels, (n,))}
     samples = 16000 * 10
     return {"input_values": torch.randn(n, samples), "labels": torch.randint(1, max(vocab, 2), (n, 100))}
+
+
+def _takes_features(model) -> bool:
+    """A CTC model fed log-mel features (Parakeet, LASR), not the waveform (wav2vec2)."""
+    import inspect
+    params = inspect.signature(model.forward).parameters
+    return "input_features" in params and "input_values" not in params
+
+
+def _features(cfg, n: int, samples: int):
+    """The log-mel features of `samples` of 16 kHz audio: a frame each 10 ms, as many mel bins
+    as the config (or its encoder's) names, else 80."""
+    import torch
+    bins = 80
+    for c in (cfg, getattr(cfg, "encoder_config", None)):
+        found = [getattr(c, a, None) for a in ("num_mel_bins", "feature_size", "input_feat_size")]
+        found = [v for v in found if isinstance(v, int) and v > 0]
+        if found:
+            bins = found[0]
+            break
+    return torch.randn(n, samples // 160, bins)
 
 
 def _loss(model, batch):
