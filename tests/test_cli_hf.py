@@ -81,6 +81,21 @@ def test_a_ctc_model_fed_log_mel_features_gets_them_and_trains(tmp_path):
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+def test_a_size_a_config_keeps_per_layer_is_a_one_line_error():
+    """Some configs refuse to read a per-layer value as one (transformers'
+    AmbiguousGlobalPerLayerAttributeError, dots3_note): a usage error, not an internal one."""
+    from memdoctor.predict.hf_models import _size_fields
+
+    class PerLayer:
+        model_type = "per_layer"
+        num_attention_heads = 8
+
+        def __getattr__(self, name):
+            raise RuntimeError(f"'{name}' is a per-layer attribute and may vary across layers")
+    with pytest.raises(ValueError, match="these sizes do not make a per_layer config: 'num_key_value_heads' is a per-layer"):
+        _size_fields(PerLayer(), {"num_attention_heads": 4})
+
+
 def _params(cfg) -> int:
     import transformers
     auto = "AutoModelForSeq2SeqLM" if cfg.is_encoder_decoder else "AutoModelForCausalLM"

@@ -89,14 +89,7 @@ class HfModel:
         if not self.sizes:
             cfg = base
         else:
-            sizes = _with_kv_heads(base, {a: int(v) for a, v in self.sizes.items()})
-            fields = {}                         # the config's own field -> value
-            for attr, value in sizes.items():
-                names = _fields(base, attr)
-                if not names:
-                    flag = next((f for f, a in SIZE_FLAGS.items() if a == attr), attr)
-                    raise ValueError(f"a {base.model_type} config has no {attr} (--{flag.replace('_', '-')})")
-                fields.update({name: value for name in names})
+            fields = _size_fields(base, {a: int(v) for a, v in self.sizes.items()})
             values.update(fields)
             try:
                 cfg = transformers.AutoConfig.for_model(base.model_type, **_without(values, "model_type"))
@@ -179,6 +172,26 @@ def _fields(base, attr: str) -> list[str]:
     mapped = (getattr(type(base), "attribute_map", {}) or {}).get(attr)
     names = [mapped] if mapped else ([attr] if hasattr(base, attr) else [])
     return names + [a for a in _ALIASES.get(attr, ()) if a not in names and a in vars(base)]
+
+
+def _size_fields(base, sizes: dict[str, int]) -> dict[str, int]:
+    """The config's own field -> value for the generic sizes given; ValueError for a size the
+    config has no field for, or one it keeps per layer (it refuses to read it as one)."""
+    try:
+        sizes = _with_kv_heads(base, sizes)
+        fields = {}
+        for attr, value in sizes.items():
+            names = _fields(base, attr)
+            if not names:
+                flag = next((f for f, a in SIZE_FLAGS.items() if a == attr), attr)
+                raise ValueError(f"a {base.model_type} config has no {attr} (--{flag.replace('_', '-')})")
+            fields.update({name: value for name in names})
+        return fields
+    except ValueError:
+        raise
+    except Exception as exc:        # transformers' per-layer attributes (AmbiguousGlobalPerLayerAttributeError)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"these sizes do not make a {base.model_type} config: {first[:200]}") from None
 
 
 def _without(values: dict[str, Any], key: str) -> dict[str, Any]:
