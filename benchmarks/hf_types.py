@@ -91,9 +91,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sizes = {"--layers": args.layers} if args.config_sizes else {"--layers": args.layers, "--hidden": "256",
                                                                   "--heads": "4"}
-    flags = [x for kv in sizes.items() for x in kv] + ["--batch", args.batch, "--seq", args.seq]
-    types = all_types() if args.all else args.types
     tail = ["--batch", args.batch, "--seq", args.seq]
+    flags = [x for kv in sizes.items() for x in kv] + tail
+    types = all_types() if args.all else args.types
     rows = []
     with concurrent.futures.ThreadPoolExecutor(max(1, args.workers)) as pool:
         for row in pool.map(lambda t: run_sized(t, sizes, tail, args.timeout), types):

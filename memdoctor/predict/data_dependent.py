@@ -230,10 +230,11 @@ class DataDependent(LeanDispatchMode):
         else:
             if mutable:
                 self._mark_written(func, args, kwargs)
+            finite = finite_answer(name, args)          # memdoctor.predict.finite_checks
             if name in _CHOOSERS:
                 self._assume_spread(func, name, args, out)
-            elif finite_answer(name, args) is not None:       # memdoctor.predict.finite_checks
-                self._assume_finite(name, out, finite_answer(name, args))
+            elif finite is not None:
+                self._assume_finite(name, out, finite)
             elif name == "eq":
                 self._note_part(args, out)
             if self.noting and (name in RANDOM_DRAWS or (len(self.drawn) and self._any_drawn(args))):

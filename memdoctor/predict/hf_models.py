@@ -63,7 +63,6 @@ class HfModel:
         key/value heads and --heads alone is given, they keep the model's heads per key/value
         head (Mistral's 32 and 8 become 4 and 1 with --heads 4)."""
         try:
-            import torch
             import transformers
         except ImportError:
             raise ValueError("--hf and --hf-config need transformers: pip install transformers") from None
@@ -136,7 +135,6 @@ class HfModel:
         labels = int(getattr(cfg, "num_labels", 2) or 2)
 
         def build():
-            import torch
             import transformers
 
             from memdoctor.predict.models import make_optimizer
@@ -145,11 +143,9 @@ class HfModel:
                 model_class = model_class[0]
             model = model_class._from_config(cfg)
             model.train()
-            data = _batch(kind, batch, seq, size, vocab, labels)
-            if kind == "audio" and _takes_features(model):
-                data["input_features"] = _features(cfg, batch, data.pop("input_values").shape[1])
-                data["attention_mask"] = torch.ones(data["input_features"].shape[:2], dtype=torch.long)
-            return model, make_optimizer(optimizer, model), data, _loss
+            fed = "features" if kind == "audio" and _takes_features(model) else kind
+            return model, make_optimizer(optimizer, model), _batch(fed, batch, seq, size, vocab, labels,
+                                                                   _mel_bins(cfg)), _loss
 
         config = {"model": f"{cfg.model_type} (transformers, random weights)", "hf": self.model_type, "hf_config": os.path.abspath(self.config_path) if self.config_path else None,
                   "model_type": cfg.model_type, "task": auto, "batch": batch,
@@ -208,7 +204,7 @@ def _with_kv_heads(base, sizes: dict[str, int]) -> dict[str, int]:
     return {**sizes, "num_key_value_heads": heads // per_kv if heads % per_kv == 0 else heads}
 
 
-def _batch(kind: str, n: int, seq: int, size: int, vocab: int, labels: int) -> dict[str, Any]:
+def _batch(kind: str, n: int, seq: int, size: int, vocab: int, labels: int, bins: int = 80) -> dict[str, Any]:
     import torch
     if kind in ("tokens", "seq2seq"):
         ids = torch.randint(0, max(vocab, 2), (n, seq))
@@ -216,7 +212,12 @@ def _batch(kind: str, n: int, seq: int, size: int, vocab: int, labels: int) -> d
     if kind == "image":
         return {"pixel_values": torch.randn(n, 3, size, size), "labels": torch.randint(0, labels, (n,))}
     samples = 16000 * 10
-    return {"input_values": torch.randn(n, samples), "labels": torch.randint(1, max(vocab, 2), (n, 100))}
+    transcript = torch.randint(1, max(vocab, 2), (n, 100))
+    if kind == "features":              # log-mel frames of the same 10 s, one each 10 ms
+        frames = samples // 160
+        return {"input_features": torch.randn(n, frames, bins),
+                "attention_mask": torch.ones(n, frames, dtype=torch.long), "labels": transcript}
+    return {"input_values": torch.randn(n, samples), "labels": transcript}
 
 
 def _takes_features(model) -> bool:
@@ -226,18 +227,14 @@ def _takes_features(model) -> bool:
     return "input_features" in params and "input_values" not in params
 
 
-def _features(cfg, n: int, samples: int):
-    """The log-mel features of `samples` of 16 kHz audio: a frame each 10 ms, as many mel bins
-    as the config (or its encoder's) names, else 80."""
-    import torch
-    bins = 80
+def _mel_bins(cfg) -> int:
+    """The mel bins the config (or its encoder's) names, else 80."""
     for c in (cfg, getattr(cfg, "encoder_config", None)):
-        found = [getattr(c, a, None) for a in ("num_mel_bins", "feature_size", "input_feat_size")]
-        found = [v for v in found if isinstance(v, int) and v > 0]
-        if found:
-            bins = found[0]
-            break
-    return torch.randn(n, samples // 160, bins)
+        for name in ("num_mel_bins", "feature_size", "input_feat_size"):
+            value = getattr(c, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return 80
 
 
 def _loss(model, batch):
