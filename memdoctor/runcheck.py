@@ -51,6 +51,11 @@ def list_of(check: Check) -> Check:
     return lambda v: type(v) is list and all(check(x) for x in v)
 
 
+def counts_by_name(v) -> bool:
+    """A dict of short names to counts (a model's lists of repeated blocks)."""
+    return type(v) is dict and len(v) <= 4096 and all(STR(k) and len(k) <= 1024 and SIZE(n) for k, n in v.items())
+
+
 def obj(required: tuple[str, ...] = (), **known: Check) -> Check:
     """A dict holding the `required` keys, whose known keys, where present, pass their checks."""
     return lambda v: (type(v) is dict and all(k in v for k in required)
@@ -76,7 +81,7 @@ _SNAPSHOT = obj(trace_entries=SIZE, free_action=STR, blocks_before_trace=SIZE, b
 META = obj(rank=SIZE, world_size=_int_in(1, MAX_SIZE), peak_live_bytes=SIZE, exit_code=opt(INT),
            script_error=opt(STR), steps_from=STR, forward_calls=list_of(_FORWARD_CALL),
            optimizers=list_of(_OPTIMIZER), snapshot=_SNAPSHOT,
-           sliced_inputs=list_of(obj(block=SIZE, address=SIZE, rows=SIZE)),
+           sliced_inputs=list_of(obj(block=SIZE, address=SIZE, rows=SIZE)), block_counts=counts_by_name,
            kept_by=list_of(obj(source=INT, holder=STR, blocks=list_of(SIZE))))
 SEGMENT = obj(address=SIZE, total_size=SIZE, allocated_size=SIZE, inactive_size=SIZE,
               largest_inactive=SIZE, segment_type=STR, is_expandable=BOOL, blocks_omitted=SIZE,

@@ -88,6 +88,7 @@ class OwnershipHooks:
         self.roots: dict[int, weakref.ref] = {}
         self.root_order: dict[int, int] = {}       # id of a model -> the order it was first seen in
         self.module_names: dict[int, str] = {}
+        self.block_counts: dict[str, int] = {}      # a list of repeated blocks ("blocks" of blocks.0-11) -> its length
         self.param_names: dict[int, str] = {}
         self.stack: list[str] = []
         self.calls: list[ForwardCall] = []
@@ -174,6 +175,9 @@ class OwnershipHooks:
         by_address = self.rec.claims is not None     # the allocator source joins grads by address
         for name, module in root.named_modules():
             self.module_names.setdefault(id(module), name or type(root).__name__)
+            container, _, index = name.rpartition(".")
+            if container and index.isdigit() and not any(p.isdigit() for p in container.split(".")):
+                self.block_counts[container] = max(self.block_counts.get(container, 0), int(index) + 1)
         for name, p in root.named_parameters():
             self.param_names.setdefault(id(p), name)
             self.rec.claim(p, Category.WEIGHTS.value, name)

@@ -161,6 +161,7 @@ class Tracer:
         rec.run.meta["forward_calls"] = self.hooks.forward_calls()
         rec.run.meta["optimizers"] = self.hooks.optimizer_info
         rec.run.meta["sliced_inputs"] = self.hooks.sliced_inputs()
+        rec.run.meta["block_counts"] = dict(self.hooks.block_counts)
         rec.run.meta["steps_from"], starts = self.hooks.step_starts()
         rec.renumber_steps(starts)
         held = find_held(tb, caller)            # containers of tensors in the user's frames

@@ -28,6 +28,7 @@ def diagnose(facts: Facts, select: list[str] | None = None) -> list[Finding]:
                 findings.append(found)
     for finding in findings:
         _add_pending_state(finding, facts)
+        _add_forward_rest(finding, facts)
     attach_sources(findings, facts)
     return rank(findings)
 
@@ -44,6 +45,21 @@ def _add_pending_state(finding: Finding, facts: Facts) -> None:
     predicted = [r.predicted_peak_bytes for r in finding.remedies if r.predicted_peak_bytes is not None]
     if predicted:
         finding.fits_after_fix = fits(facts, min(predicted))
+
+
+def _add_forward_rest(finding: Finding, facts: Facts) -> None:
+    """An OOM part-way through a training forward: the fixed run still runs the blocks after
+    it, which save what they save (the activations rule scales them with its remedies)."""
+    if not facts.forward_rest_bytes or finding.rule == "activations":
+        return
+    for remedy in finding.remedies:
+        if remedy.predicted_peak_bytes is not None:
+            remedy.predicted_peak_bytes += facts.forward_rest_bytes
+    predicted = [r.predicted_peak_bytes for r in finding.remedies if r.predicted_peak_bytes is not None]
+    if predicted:
+        finding.fits_after_fix = fits(facts, min(predicted))
+    if facts.forward_rest_note and facts.forward_rest_note not in finding.evidence:
+        finding.evidence.append(facts.forward_rest_note)
 
 
 def rank(findings: list[Finding]) -> list[Finding]:

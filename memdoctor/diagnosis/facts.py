@@ -12,6 +12,7 @@ from typing import Any
 
 from memdoctor.attribution import Breakdown, breakdown_at, peak, per_step
 from memdoctor.run import Block, Category, Phase, Run
+from memdoctor.units import format_bytes
 
 W, G, S = Category.WEIGHTS.value, Category.GRADIENTS.value, Category.OPTIMIZER_STATE.value
 ACT, TMP, INP = Category.ACTIVATIONS.value, Category.TEMPORARIES.value, Category.INPUTS.value
@@ -63,7 +64,9 @@ class Facts:
     logits: list[Block] = field(default_factory=list)
     vocab: int | None = None
     step_activations: int = 0
-    blocks_of_model: int = 0
+    forward_kept_bytes: int = 0                   # an OOM in a training forward: its alive tensors not seen saved
+    forward_rest_bytes: int = 0                   # what the blocks after an OOM in a training forward would save
+    forward_rest_note: str | None = None          # how that was counted
     allocator: dict[str, Any] = field(default_factory=dict)   # OOM message numbers (CUDA)
     other_process_bytes: int | None = None
     other_processes: list[dict] = field(default_factory=list)
@@ -107,16 +110,63 @@ class Facts:
         return (self.optimizer or {}).get("param_bytes", 0)
 
 
-def _grad_mode_at(run: Run, seq: int) -> bool | None:
-    """Whether the outermost forward call in progress at event `seq` ran with grad mode on
-    (None: no forward call was): under no_grad nothing it makes is saved for backward."""
+def _running_call(run: Run, seq: int) -> dict | None:
+    """The outermost forward call in progress at event `seq`, if any."""
     if not run.marks:
         return None
     index = bisect.bisect_right([m.seq for m in run.marks], seq) - 1
     running = [c for c in run.meta.get("forward_calls", [])
                if isinstance(c, dict) and type(c.get("mark_start")) is int and c["mark_start"] <= index
                and (c.get("mark_end") is None or (type(c["mark_end"]) is int and c["mark_end"] >= index))]
-    return bool(running[-1].get("grad_enabled", True)) if running else None
+    return running[-1] if running else None
+
+
+def _grad_mode_at(run: Run, seq: int) -> bool | None:
+    """Whether the outermost forward call in progress at event `seq` ran with grad mode on
+    (None: no forward call was): under no_grad nothing it makes is saved for backward."""
+    call = _running_call(run, seq)
+    return bool(call.get("grad_enabled", True)) if call else None
+
+
+def _forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
+    """An OOM inside block k of a training forward's n repeated blocks (`blocks.k`): blocks
+    k+1..n-1 have not run, and would each save about what the largest finished block of the
+    list saved (the OOM's own block, request included, where none had finished). A fix
+    predicted from the tensors alive at the OOM must carry them too, or it is told "fits" where
+    the rest of the forward runs out."""
+    call = _running_call(run, run.ooms[0].seq)
+    if f.oom_phase != Phase.FORWARD.value or not call or not call.get("training") or not call.get("grad_enabled"):
+        return 0, None
+    # what this forward made and still holds, not seen saved: kept by a checkpoint's policy, a
+    # custom Function's ctx, or the op in flight
+    forward = Phase.FORWARD.value
+    f.forward_kept_bytes = sum(b.nbytes for b in f.focus_blocks
+                               if b.category == TMP and b.step == f.focus.step and b.phase == forward)
+    parts = (f.oom_module or "").split(".")
+    cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    counts = run.meta.get("block_counts") or {}
+    container = ".".join(parts[:cut]) if cut else None
+    total = counts.get(container, 0) if container else 0
+    at = int(parts[cut]) if cut else 0
+    if total < 2 or at >= total:
+        return 0, None
+    saved: dict[int, int] = {}
+    for b in f.focus_blocks:
+        if b.category in (ACT, TMP) and b.step == f.focus.step and b.phase == forward and b.module \
+                and b.module.startswith(container + "."):
+            index = b.module[len(container) + 1:].split(".")[0]
+            if index.isdigit():
+                saved[int(index)] = saved.get(int(index), 0) + b.nbytes
+    own = saved.get(at, 0) + (f.requested_bytes or 0)
+    largest = max((i for i in range(at) if saved.get(i)), key=saved.__getitem__, default=None)
+    per_block = saved[largest] if largest is not None else own
+    rest = max(per_block - own, 0) + per_block * (total - at - 1)
+    if not rest:
+        return 0, None
+    return rest, (f"the OOM came in {container}.{at}, block {at + 1} of {total}: the rest of the forward would "
+                  f"save about {format_bytes(rest)} more ({format_bytes(per_block)} a block, as "
+                  f"{container}.{largest if largest is not None else at} saved"
+                  + (" so far" if largest is None else "") + "), counted in the predicted peaks")
 
 
 def _pending_passes(run: Run) -> tuple[int, int | None]:
@@ -198,6 +248,8 @@ def facts_from_run(run: Run) -> Facts:
                                  if b.category == ACT and b.step == current_step and b.phase != nob),  # back-propagated is not
                              f.pending_activations)
     _find_logits(f)
+    if f.oom:
+        f.forward_rest_bytes, f.forward_rest_note = _forward_rest(f, run)
     nvml = run.device.get("nvml_at_oom") or run.device.get("nvml") or {}
     if nvml.get("available"):
         others = [p for p in nvml.get("processes", []) if not p.get("is_self")]

@@ -6,8 +6,9 @@ What it detects
 Preconditions
     - the run is under pressure (an OOM, or a peak within 20% of the limit);
     - tensors saved for backward by this step's forward (plus, for an OOM in a forward run
-      with grad mode on, the request) take at least 35% of live memory; a forward under
-      `torch.no_grad()` saves nothing.
+      with grad mode on, the request; for an OOM in a training forward, what it made and
+      still holds) take at least 35% of live memory; a forward under `torch.no_grad()` saves
+      nothing.
 Why it runs out of memory
     Every layer keeps its inputs (and often more) until backward reaches it. Saved bytes
     grow linearly with batch size and, with plain attention, quadratically with sequence
@@ -25,6 +26,8 @@ Fix
     Where one module saves at least 80% (a recurrent layer over a long sequence), no
     checkpointing is offered: recomputing that module brings its saved tensors back whole;
     where most of it is saved in 16 bits already (autocast on), no bf16 autocast.
+    An OOM in block k of n repeated blocks of a training forward: the blocks after it are
+    counted as saving what the largest finished one saved, in every predicted peak.
 Known limits
     Predictions for checkpointing assume repeated blocks named with an index
     (`layers.3`); a flat stack is predicted as one block.
@@ -48,15 +51,21 @@ def check(f: Facts) -> Finding | None:
     if f.oom and f.oom_phase == "forward" and f.oom_grad_enabled is not False:
         acts += f.requested_bytes or 0      # what a forward with grad mode on asks for is about to be saved
     live = f.focus_bytes
-    if not live or acts < SHARE * live:
+    if not live or acts + f.forward_kept_bytes < SHARE * live:
         return None
     # the forward's working set: saved tensors plus this step's temporaries scale with the batch
     scaling = acts + _step_temporaries(f) + (f.requested_bytes or 0 if f.oom and f.oom_phase != "forward" else 0)
     fixed = max(live - scaling, 0)
+    scaling += f.forward_rest_bytes         # the blocks an OOM in the forward left unrun save as much again
     modules = _top_modules(f)
     evidence = [f"{format_bytes(acts)} saved for backward in step {f.focus.step}, "
                 f"{100 * acts / live:.0f}% of {format_bytes(live)} live"
                 + (f" when {format_bytes(f.requested_bytes)} more was asked for in {f.oom_phase}" if f.oom else "")]
+    if acts < SHARE * live:
+        evidence.append(f"with {format_bytes(f.forward_kept_bytes)} more that this forward made and still holds "
+                        "(kept by a checkpoint's policy or a custom Function, or in use by the op that ran out)")
+    if f.forward_rest_note:
+        evidence.append(f.forward_rest_note)
     if modules:
         evidence.append("largest savers: " + ", ".join(f"{m} {format_bytes(n)}" for m, n in modules))
     blocks = _block_activations(f)
@@ -67,7 +76,7 @@ def check(f: Facts) -> Finding | None:
         Remedy("activation checkpointing per block", "Plan(checkpointing='full'): keep block inputs only, recompute in backward",
                ckpt_full, "ckpt=full"),
         Remedy("selective checkpointing", "Plan(checkpointing='selective'): keep matmul outputs, recompute pointwise ops",
-               fixed + scaling // 2, "ckpt=selective"),
+               max(fixed + scaling // 2, ckpt_full), "ckpt=selective"),      # it keeps more than full does
         Remedy("micro-batches of a quarter", "Plan(micro_batch=...) with gradient accumulation: same effective batch",
                fixed + scaling // 4, "micro=auto"),
         Remedy("bf16 autocast", "Plan(precision='bf16'): activations in 16 bits",
@@ -96,7 +105,11 @@ def check(f: Facts) -> Finding | None:
                                   "losses for one backward: the same gradients, one pass's activations at a time",
                                   live - pending + pending // f.pending_passes, None))
     best = min(r.predicted_peak_bytes for r in remedies)
-    return Finding(ID, f"activations saved for backward take {format_bytes(acts)}", acts, evidence,
+    title = f"activations saved for backward take {format_bytes(acts)}"
+    if acts < SHARE * live:
+        acts += f.forward_kept_bytes
+        title = f"tensors this forward made and holds take {format_bytes(acts)}"
+    return Finding(ID, title, acts, evidence,
                    remedies, STRUCTURAL, fits(f, best), {"by_module": dict(modules)})
 
 
