@@ -21,7 +21,7 @@ from memdoctor.capture.callargs import call_kwargs as _call_kwargs, tensors_in a
 from memdoctor.capture.frames import first_user_frame
 from memdoctor.capture.recorder import Recorder, log
 from memdoctor.capture.saved_tensors import pop_saved_hooks, unpack_checked
-from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer
+from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer, inner_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
 DATASET_ROWS = 4        # an input taken from a storage this many times its size: a dataset's slice
@@ -208,7 +208,9 @@ class OwnershipHooks:
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Claim what the optimizer steps: weights and state when it is first seen or steps
         more parameters, the gradients (made anew each backward) at every step; the state a
-        step makes or replaces is claimed after it (`_step_post`)."""
+        step makes or replaces is claimed after it (`_step_post`). A framework's wrapper is
+        the optimizer it wraps (found both ways, it is one)."""
+        optimizer = inner_optimizer(optimizer)
         first = id(optimizer) not in self.optimizers
         if first:
             self.optimizers[id(optimizer)] = weakref.ref(optimizer)

@@ -64,8 +64,22 @@ class ZeroGradWatch:
         return [Held(*line, HOLDER, [(0, a) for a in addresses]) for line, addresses in self.zeroing]
 
 
+def inner_optimizer(optimizer):
+    """The optimizer a framework's wrapper steps (accelerate's AcceleratedOptimizer, which
+    transformers' Trainer uses too, keeps it as `.optimizer`; Lightning's as `._optimizer`):
+    its kind says what state it keeps."""
+    import torch
+    for _ in range(4):
+        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer) or inner is optimizer:
+            break
+        optimizer = inner
+    return optimizer
+
+
 def describe_optimizer(optimizer) -> dict:
     """What the rules need to know: kind, implementation and the bytes it steps."""
+    optimizer = inner_optimizer(optimizer)
     defaults = optimizer.defaults
     params = [p for g in optimizer.param_groups for p in g["params"]]
     return {

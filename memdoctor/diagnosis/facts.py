@@ -64,6 +64,7 @@ class Facts:
     logits: list[Block] = field(default_factory=list)
     vocab: int | None = None
     step_activations: int = 0
+    oom_in_training_forward: bool = False
     forward_kept_bytes: int = 0                   # an OOM in a training forward: its alive tensors not seen saved
     forward_rest_bytes: int = 0                   # what the blocks after an OOM in a training forward would save
     forward_rest_note: str | None = None          # how that was counted
@@ -106,6 +107,14 @@ class Facts:
         return max(self.state_bytes_full - self.cat(S), 0)
 
     @property
+    def pending_grad_bytes(self) -> int:
+        """Gradients not made yet at an OOM in a training forward: the fixed run's backward makes
+        them while most of what the forward saved is still alive."""
+        if not self.oom_in_training_forward:
+            return 0
+        return max(self.param_bytes - self.cat(G), 0)
+
+    @property
     def param_bytes(self) -> int:
         return (self.optimizer or {}).get("param_bytes", 0)
 
@@ -140,6 +149,7 @@ def _forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
     # what this forward made and still holds, not seen saved: kept by a checkpoint's policy, a
     # custom Function's ctx, or the op in flight
     forward = Phase.FORWARD.value
+    f.oom_in_training_forward = True
     f.forward_kept_bytes = sum(b.nbytes for b in f.focus_blocks
                                if b.category == TMP and b.step == f.focus.step and b.phase == forward)
     parts = (f.oom_module or "").split(".")

@@ -69,9 +69,9 @@ def check(f: Facts) -> Finding | None:
     if modules:
         evidence.append("largest savers: " + ", ".join(f"{m} {format_bytes(n)}" for m, n in modules))
     blocks = _block_activations(f)
-    # checkpointed: each block's input stays; backward recomputes one block at a time, and
-    # that block's saved tensors meet their gradients
-    ckpt_full = fixed + 2 * max(blocks.values()) + scaling // 8 if len(blocks) >= 2 else fixed + scaling // 4
+    # checkpointed: each block's input stays (and what runs outside the blocks); backward
+    # recomputes one block at a time, whose gradients come and go one tensor at a time
+    ckpt_full = fixed + max(blocks.values()) + scaling // 8 if len(blocks) >= 2 else fixed + scaling // 4
     remedies = [
         Remedy("activation checkpointing per block", "Plan(checkpointing='full'): keep block inputs only, recompute in backward",
                ckpt_full, "ckpt=full"),
