@@ -109,6 +109,9 @@ def check(f: Facts) -> Finding | None:
     if acts < SHARE * live:
         acts += f.forward_kept_bytes
         title = f"tensors this forward made and holds take {format_bytes(acts)}"
+    if f.forward_rest_bytes:        # what the cause costs is the whole forward's, not the part run
+        acts += f.forward_rest_bytes
+        title += f", about {format_bytes(acts)} with the blocks not yet run"
     return Finding(ID, title, acts, evidence,
                    remedies, STRUCTURAL, fits(f, best), {"by_module": dict(modules)})
 
