@@ -21,6 +21,7 @@ from memdoctor.capture.callargs import call_kwargs as _call_kwargs, tensors_in a
 from memdoctor.capture.frames import first_user_frame
 from memdoctor.capture.recorder import Recorder, log
 from memdoctor.capture.saved_tensors import pop_saved_hooks, unpack_checked
+from memdoctor.capture import frameworks
 from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer, inner_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
@@ -88,6 +89,8 @@ class OwnershipHooks:
         self.roots: dict[int, weakref.ref] = {}
         self.root_order: dict[int, int] = {}       # id of a model -> the order it was first seen in
         self.module_names: dict[int, str] = {}
+        self.frameworks: set[str] = set()           # training frameworks seen driving the run
+        self.recomputed: set[str] = set()           # modules a backward called (checkpointing's recompute)
         self.block_counts: dict[str, int] = {}      # a list of repeated blocks ("blocks" of blocks.0-11) -> its length
         self.param_names: dict[int, str] = {}
         self.stack: list[str] = []
@@ -169,6 +172,7 @@ class OwnershipHooks:
         if id(root) in self.roots:
             return
         self.roots[id(root)] = weakref.ref(root)
+        self._note(frameworks.of_model(root))
         self.root_order[id(root)] = len(self.root_order)
         if self.light:
             self._hook_root(root)
@@ -188,6 +192,9 @@ class OwnershipHooks:
                 self.rec.claim(p.grad, Category.GRADIENTS.value, name + ".grad")
         for name, b in root.named_buffers():
             self.rec.claim(b, Category.WEIGHTS.value, name)
+
+    def _note(self, framework: str | None) -> None:
+        self.frameworks.update([framework] if framework else [])
 
     def _hook_root(self, root: torch.nn.Module) -> None:
         """Light mode: this model's own outermost-call hooks, and no more discovery."""
@@ -210,6 +217,7 @@ class OwnershipHooks:
         more parameters, the gradients (made anew each backward) at every step; the state a
         step makes or replaces is claimed after it (`_step_post`). A framework's wrapper is
         the optimizer it wraps (found both ways, it is one)."""
+        self._note(frameworks.of_optimizer(optimizer))
         optimizer = inner_optimizer(optimizer)
         first = id(optimizer) not in self.optimizers
         if first:
@@ -341,6 +349,8 @@ class OwnershipHooks:
         name = self.module_names.get(id(module), type(module).__name__)
         calls = self.calls
         site = first_user_frame(sys._getframe(1))    # the caller of the module, outwards from the hook
+        if len(calls) < 8:
+            self._note(frameworks.of_frames(sys._getframe(1)))
         # positional: index, module, seq_start, seq_end, training, grad_enabled, backward,
         # mark_start, mark_end, params, graph, model, site
         call = ForwardCall(len(calls), name, len(rec.run.actions), None, module.training,
@@ -355,6 +365,8 @@ class OwnershipHooks:
     def _inner_pre(self, module) -> None:
         """A call inside another (or a recompute in backward): the module running now."""
         name = self.module_names.get(id(module), type(module).__name__)
+        if not self.stack and len(self.recomputed) < 4096:
+            self.recomputed.add(name)       # outermost in backward: checkpointing recomputes it
         self.stack.append(name)
         rec = self.rec
         rec.forward_depth += 1

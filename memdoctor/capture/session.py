@@ -162,6 +162,8 @@ class Tracer:
         rec.run.meta["optimizers"] = self.hooks.optimizer_info
         rec.run.meta["sliced_inputs"] = self.hooks.sliced_inputs()
         rec.run.meta["block_counts"] = dict(self.hooks.block_counts)
+        rec.run.meta["recomputed_in_backward"] = sorted(self.hooks.recomputed)
+        rec.run.meta["frameworks"] = sorted(self.hooks.frameworks)
         rec.run.meta["steps_from"], starts = self.hooks.step_starts()
         rec.renumber_steps(starts)
         held = find_held(tb, caller)            # containers of tensors in the user's frames

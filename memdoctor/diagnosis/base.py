@@ -17,6 +17,7 @@ class Remedy:
     how: str
     predicted_peak_bytes: int | None = None
     plan: str | None = None
+    in_framework: str | None = None     # the plan in the settings of the framework driving the run
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -7,6 +7,7 @@ from memdoctor.diagnosis.base import Finding, fits
 from memdoctor.diagnosis.facts import Facts
 from memdoctor.diagnosis.registry import FALLBACK, RULES, load
 from memdoctor.diagnosis.sources import attach_sources
+from memdoctor.integrations.remedy_terms import framework_of, in_terms_of
 
 log = logging.getLogger("memdoctor")
 
@@ -30,7 +31,24 @@ def diagnose(facts: Facts, select: list[str] | None = None) -> list[Finding]:
         _add_pending_state(finding, facts)
         _add_forward_rest(finding, facts)
     attach_sources(findings, facts)
+    _in_framework_terms(findings, facts)
     return rank(findings)
+
+
+def _in_framework_terms(findings: list[Finding], facts: Facts) -> None:
+    """Each plan also in the settings of the framework that drives the run (a Trainer user
+    edits TrainingArguments, not memdoctor's Plan)."""
+    framework = framework_of((facts.run.meta.get("frameworks") or []) if facts.run else [])
+    if framework is None:
+        return
+    for finding in findings:
+        for remedy in finding.remedies:
+            if remedy.plan:
+                try:
+                    terms = in_terms_of(remedy.plan, framework)
+                    remedy.in_framework = f"{framework}: {terms}" if terms else None
+                except ValueError as exc:       # a plan the framework's translation refuses
+                    log.debug("memdoctor: %s in %s terms: %s", remedy.plan, framework, exc)
 
 
 def _add_pending_state(finding: Finding, facts: Facts) -> None:

@@ -65,7 +65,7 @@ class Facts:
     vocab: int | None = None
     step_activations: int = 0
     oom_in_training_forward: bool = False
-    forward_kept_bytes: int = 0                   # an OOM in a training forward: its alive tensors not seen saved
+    step_held_bytes: int = 0                      # an OOM in a training step: what its passes made, hold, not seen saved
     forward_rest_bytes: int = 0                   # what the blocks after an OOM in a training forward would save
     forward_rest_note: str | None = None          # how that was counted
     allocator: dict[str, Any] = field(default_factory=dict)   # OOM message numbers (CUDA)
@@ -137,6 +137,19 @@ def _grad_mode_at(run: Run, seq: int) -> bool | None:
     return bool(call.get("grad_enabled", True)) if call else None
 
 
+def _step_held(f: Facts, run: Run) -> int:
+    """An OOM in a training step's forward or backward: what this step's passes made and still
+    hold without a saved-tensor hook seeing it saved (kept by a checkpoint's policy or a custom
+    Function's ctx, recomputed by checkpointing in backward, gradients of activations, the op in
+    flight). It grows with the batch as saved activations do."""
+    passes = (Phase.FORWARD.value, Phase.BACKWARD.value)
+    if f.oom_phase not in passes:
+        return 0
+    if f.oom_phase == Phase.FORWARD.value and not f.oom_in_training_forward:
+        return 0
+    return sum(b.nbytes for b in f.focus_blocks if b.category == TMP and b.step == f.focus.step and b.phase in passes)
+
+
 def _forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
     """An OOM inside block k of a training forward's n repeated blocks (`blocks.k`): blocks
     k+1..n-1 have not run, and would each save about what the largest finished block of the
@@ -146,12 +159,8 @@ def _forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
     call = _running_call(run, run.ooms[0].seq)
     if f.oom_phase != Phase.FORWARD.value or not call or not call.get("training") or not call.get("grad_enabled"):
         return 0, None
-    # what this forward made and still holds, not seen saved: kept by a checkpoint's policy, a
-    # custom Function's ctx, or the op in flight
     forward = Phase.FORWARD.value
     f.oom_in_training_forward = True
-    f.forward_kept_bytes = sum(b.nbytes for b in f.focus_blocks
-                               if b.category == TMP and b.step == f.focus.step and b.phase == forward)
     parts = (f.oom_module or "").split(".")
     cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
     counts = run.meta.get("block_counts") or {}
@@ -260,6 +269,7 @@ def facts_from_run(run: Run) -> Facts:
     _find_logits(f)
     if f.oom:
         f.forward_rest_bytes, f.forward_rest_note = _forward_rest(f, run)
+        f.step_held_bytes = _step_held(f, run)
     nvml = run.device.get("nvml_at_oom") or run.device.get("nvml") or {}
     if nvml.get("available"):
         others = [p for p in nvml.get("processes", []) if not p.get("is_self")]

@@ -122,6 +122,8 @@ def finding_body_lines(finding, facts) -> list[str]:
             fits = "" if facts.limit_bytes is None or r.predicted_peak_bytes is None else (
                 " fits" if r.predicted_peak_bytes <= facts.limit_bytes else " does not fit")
             lines.append(f"    * {r.title}: {r.how} -> {format_bytes(r.predicted_peak_bytes)}{fits}")
+            if r.in_framework:
+                lines.append(f"      in {r.in_framework}")
     return lines
 
 

@@ -6,8 +6,8 @@ What it detects
 Preconditions
     - the run is under pressure (an OOM, or a peak within 20% of the limit);
     - tensors saved for backward by this step's forward (plus, for an OOM in a forward run
-      with grad mode on, the request; for an OOM in a training forward, what it made and
-      still holds) take at least 35% of live memory; a forward under `torch.no_grad()` saves
+      with grad mode on, the request; for an OOM in a training step's forward or backward,
+      what they made and still hold) take at least 35% of live memory; a forward under `torch.no_grad()` saves
       nothing.
 Why it runs out of memory
     Every layer keeps its inputs (and often more) until backward reaches it. Saved bytes
@@ -51,7 +51,7 @@ def check(f: Facts) -> Finding | None:
     if f.oom and f.oom_phase == "forward" and f.oom_grad_enabled is not False:
         acts += f.requested_bytes or 0      # what a forward with grad mode on asks for is about to be saved
     live = f.focus_bytes
-    if not live or acts + f.forward_kept_bytes < SHARE * live:
+    if not live or acts + f.step_held_bytes < SHARE * live:
         return None
     # the forward's working set: saved tensors plus this step's temporaries scale with the batch
     scaling = acts + _step_temporaries(f) + (f.requested_bytes or 0 if f.oom and f.oom_phase != "forward" else 0)
@@ -62,8 +62,9 @@ def check(f: Facts) -> Finding | None:
                 f"{100 * acts / live:.0f}% of {format_bytes(live)} live"
                 + (f" when {format_bytes(f.requested_bytes)} more was asked for in {f.oom_phase}" if f.oom else "")]
     if acts < SHARE * live:
-        evidence.append(f"with {format_bytes(f.forward_kept_bytes)} more that this forward made and still holds "
-                        "(kept by a checkpoint's policy or a custom Function, or in use by the op that ran out)")
+        evidence.append(f"with {format_bytes(f.step_held_bytes)} more that this step's forward and backward made "
+                        "and still hold (kept by a checkpoint's policy or a custom Function, recomputed by "
+                        "checkpointing, gradients of activations, in use by the op that ran out)")
     if f.forward_rest_note:
         evidence.append(f.forward_rest_note)
     if modules:
@@ -77,7 +78,7 @@ def check(f: Facts) -> Finding | None:
                ckpt_full, "ckpt=full"),
         Remedy("selective checkpointing", "Plan(checkpointing='selective'): keep matmul outputs, recompute pointwise ops",
                max(fixed + scaling // 2, ckpt_full), "ckpt=selective"),      # it keeps more than full does
-        Remedy("micro-batches of a quarter", "Plan(micro_batch=...) with gradient accumulation: same effective batch",
+        Remedy("micro-batches of a quarter", "Plan(micro_batch='auto') with gradient accumulation: same effective batch",
                fixed + scaling // 4, "micro=auto"),
         Remedy("bf16 autocast", "Plan(precision='bf16'): activations in 16 bits",
                fixed + scaling // 2, "bf16"),
@@ -89,6 +90,11 @@ def check(f: Facts) -> Finding | None:
         evidence.append(f"{100 * half / sum(b.nbytes for b in saved):.0f}% of it is saved in 16 bits already "
                         f"(autocast on)")
         remedies = [r for r in remedies if r.plan != "bf16"]
+    recomputed = (f.run.meta.get("recomputed_in_backward") or []) if f.run else []
+    if recomputed:
+        # checkpointing is on already: what is left is fewer rows at a time (or 16 bits)
+        evidence.append(f"checkpointed already: backward recomputed {_names(recomputed)}")
+        remedies = [r for r in remedies if not (r.plan or "").startswith("ckpt")]
     if modules and modules[0][1] >= ONE_SAVER * acts:
         # one module (a recurrent layer over a long sequence, a loss outside any module) saves
         # nearly all: recomputing it in backward brings all of its saved tensors back at once
@@ -107,13 +113,18 @@ def check(f: Facts) -> Finding | None:
     best = min(r.predicted_peak_bytes for r in remedies)
     title = f"activations saved for backward take {format_bytes(acts)}"
     if acts < SHARE * live:
-        acts += f.forward_kept_bytes
-        title = f"tensors this forward made and holds take {format_bytes(acts)}"
+        acts += f.step_held_bytes
+        title = f"tensors this step's passes made and hold take {format_bytes(acts)}"
     if f.forward_rest_bytes:        # what the cause costs is the whole forward's, not the part run
         acts += f.forward_rest_bytes
         title += f", about {format_bytes(acts)} with the blocks not yet run"
     return Finding(ID, title, acts, evidence,
                    remedies, STRUCTURAL, fits(f, best), {"by_module": dict(modules)})
+
+
+def _names(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _step_temporaries(f: Facts) -> int:

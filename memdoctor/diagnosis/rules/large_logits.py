@@ -79,7 +79,7 @@ def check(f: Facts) -> Finding | None:
             evidence.append("it ran out before any backward: these peaks are the evaluation's; "
                             "a training step at this batch was never measured")
     else:
-        remedies.append(Remedy("smaller micro-batches", "Plan(micro_batch=...) keeps the effective batch",
+        remedies.append(Remedy("smaller micro-batches", "Plan(micro_batch='auto') keeps the effective batch",
                                quarter, "micro=auto"))
     return Finding(ID, f"logits over a {f.vocab}-entry vocabulary take {format_bytes(logit_bytes)}",
                    logit_bytes, evidence, remedies, SPECIFIC_PART, fits(f, predicted),
