@@ -69,3 +69,32 @@ def test_tensors_kept_on_a_functions_ctx_are_the_forwards_not_model_states(tmp_p
     real = _memdoctor("trace", SCRIPT, "--json", "--", 2, "kept", cwd=tmp_path)["peak_bytes"]
     assert real > 60 * MiB
     assert _remedies(first)["micro=auto"]["predicted_peak_bytes"] > 60 * MiB
+
+
+def test_a_checkpointed_model_out_in_its_backward_is_told_fewer_rows_in_its_frameworks_terms(tmp_path):
+    """Each block checkpointed, the optimizer prepared by accelerate: it runs out recomputing a
+    block in backward. Checkpointing is not offered again; a quarter batch is predicted from
+    above (with the gradients the rest of backward makes); bf16 is said as accelerate's setting."""
+    pytest.importorskip("accelerate")
+    out = _memdoctor("diagnose", SCRIPT, "--budget", "40MiB", "--json", "--", 8, "ckpt", "accelerate", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "activations", [f["rule"] for f in out["findings"]]
+    assert any(e.startswith("checkpointed already") for e in first["evidence"]), first["evidence"]
+    remedies = _remedies(first)
+    assert not any(plan.startswith("ckpt") for plan in remedies), list(remedies)
+    real = _memdoctor("trace", SCRIPT, "--json", "--", 2, "ckpt", cwd=tmp_path)["peak_bytes"]
+    assert real <= remedies["micro=auto"]["predicted_peak_bytes"] <= 1.2 * real
+    assert remedies["bf16"]["in_framework"] == "accelerate: its config file, mixed_precision='bf16'"
+    assert "gradient_accumulation_steps" in remedies["micro=auto"]["in_framework"]
+
+
+def test_a_trainer_run_is_told_its_fixes_as_training_arguments(tmp_path):
+    pytest.importorskip("accelerate")
+    script = Path(__file__).parent / "realworld" / "hf" / "trainer_classify.py"
+    out = _memdoctor("diagnose", script, "--budget", "160MiB", "--json", "--", "--batch", 16, "--seq", 256,
+                     cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "activations"
+    remedies = _remedies(first)
+    assert remedies["bf16"]["in_framework"] == "transformers: TrainingArguments(bf16=True)"
+    assert remedies["ckpt=full"]["in_framework"].startswith("transformers: TrainingArguments(")

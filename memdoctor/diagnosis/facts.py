@@ -108,9 +108,10 @@ class Facts:
 
     @property
     def pending_grad_bytes(self) -> int:
-        """Gradients not made yet at an OOM in a training forward: the fixed run's backward makes
-        them while most of what the forward saved is still alive."""
-        if not self.oom_in_training_forward:
+        """Gradients not made yet at an OOM in a training forward or backward: the fixed run's
+        backward makes them while what it holds is still alive (most of what a forward saved; one
+        recomputed block of a checkpointed model, to the last)."""
+        if not (self.oom_in_training_forward or (self.oom and self.oom_phase == Phase.BACKWARD.value)):
             return 0
         return max(self.param_bytes - self.cat(G), 0)
 

@@ -7,7 +7,7 @@ from memdoctor.integrations.settings import settings_for
 from memdoctor.remedies.plan import Plan
 
 # where each framework takes its settings
-_WHERE = {"transformers": "TrainingArguments({})", "lightning": "Trainer({})", "accelerate": "accelerate config: {}"}
+_WHERE = {"transformers": "TrainingArguments({})", "lightning": "Trainer({})", "accelerate": "its config file, {}"}
 # micro-batches of a quarter, as each framework accumulates gradients
 _QUARTER = {"transformers": "TrainingArguments(per_device_train_batch_size=a quarter of it, "
                             "gradient_accumulation_steps=4 times it): the same effective batch",

@@ -1,18 +1,20 @@
 """A stack of six attention blocks trained with AdamW that runs out in its second block
 in the first step: the blocks after it never ran, yet a fix must carry what they save.
 
-    python blocks_cut_short.py BATCH [accelerate] [kept]
+    python blocks_cut_short.py BATCH [accelerate] [kept] [ckpt]
 
 accelerate: the optimizer wrapped as accelerate's Accelerator.prepare wraps it (as
 transformers' Trainer does); kept: each block keeps its attention weights on a custom
-Function's ctx (not through save_for_backward), which no saved-tensor hook sees."""
+Function's ctx (not through save_for_backward), which no saved-tensor hook sees; ckpt: each
+block checkpointed (torch.utils.checkpoint), so that it runs out recomputing one in backward."""
 import sys
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 BATCH, SEQ, WIDTH, HEADS, BLOCKS = int(sys.argv[1]), 256, 128, 4, 6
-WRAP, KEEP = "accelerate" in sys.argv[2:], "kept" in sys.argv[2:]
+WRAP, KEEP, CKPT = ("accelerate" in sys.argv[2:], "kept" in sys.argv[2:], "ckpt" in sys.argv[2:])
 
 
 class SoftmaxOnCtx(torch.autograd.Function):
@@ -56,7 +58,7 @@ class Model(nn.Module):
     def forward(self, ids):
         x = self.embed(ids)
         for block in self.blocks:
-            x = block(x)
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if CKPT else block(x)
         return self.head(x)
 
 
