@@ -373,12 +373,41 @@ def _gathered(f: Facts, run: Run) -> tuple[list[Block], int]:
         model = calls[i].get("model", -1)
         key = model if type(model) is int and model >= 0 else calls[i].get("module")
         by_model.setdefault(key, {}).setdefault(calls[i]["seq_start"], []).append(b)
+    joined = _concatenated(f, run, calls)
     if not by_model:
-        return [], 0
+        return joined
     passes = max(by_model.values(), key=lambda p: sum(b.nbytes for blocks in p.values() for b in blocks))
     if len(passes) < GATHERED_PASSES:
-        return [], 0
+        return joined
     return [b for blocks in passes.values() for b in blocks], len(passes)
+
+
+_JOINS = ("aten.cat", "aten.concat", "aten.stack", "aten._cat")
+
+
+def _concatenated(f: Facts, run: Run, calls: list[dict]) -> tuple[list[Block], int]:
+    """Outputs gathered by joining them as the loop goes (transformers' Trainer does so with its
+    evaluation's predictions unless eval_accumulation_steps is set): after each pass a longer
+    tensor made outside the model (the last one joined with the pass's output), the last one
+    freed. Each such tensor alive whose joins made at least GATHERED_PASSES - 1 lengths of it
+    (the first pass's output is joined by the second), and the passes the longest took."""
+    inside = [(c["seq_start"], c["seq_end"]) for c in calls]
+
+    def outside(b: Block) -> bool:
+        return not any(start <= b.alloc_seq < end for start, end in inside)
+
+    alive = [b for b in f.focus_blocks if b.name in _JOINS and b.shape and b.step == f.focus.step
+             and b.category not in (W, G, S, ACT) and outside(b)]
+    kept, passes = [], 0
+    for last in alive:
+        tail = tuple(last.shape[1:])
+        lengths = {b.shape[0] for b in run.blocks.values()
+                   if b.name in _JOINS and b.dtype == last.dtype and b.shape and tuple(b.shape[1:]) == tail
+                   and b.step == last.step and b.alloc_seq <= last.alloc_seq and b.shape[0] <= last.shape[0]}
+        if len(lengths) + 1 >= GATHERED_PASSES:
+            kept.append(last)
+            passes = max(passes, len(lengths) + 1)
+    return kept, passes
 
 
 def _kept(b: Block) -> bool:
@@ -430,8 +459,9 @@ def _find_dataset(f: Facts, run: Run) -> None:
     storage), or batches of their rows (a DataLoader collating samples of a TensorDataset
     makes each batch a new tensor, N x rest -> B x rest of the same dtype, N >= 4 B). With
     them, the tensors of the same length made beside them (the labels)."""
+    gathered = {b.id for b in f.gathered}          # outputs a loop joined, not data it reads
     setup = [b for b in f.focus_blocks if b.category in (INP, TMP, OTHER) and b.phase == Phase.OTHER.value
-             and b.shape]
+             and b.shape and b.id not in gathered]
     if not setup:
         return
     sliced_blocks, sliced_addresses = {}, {}

@@ -73,6 +73,12 @@ def _gathered_in_step(f: Facts) -> Finding | None:
     remedies = [Remedy("move each pass's outputs off the device",
                        "keep `.cpu()` copies of what the loop collects, or reduce them as it goes (a running "
                        "count, `.item()`), instead of the outputs on the device", predicted)]
+    if f.run is not None and "transformers" in (f.run.meta.get("frameworks") or []):
+        # the Trainer's evaluation loop gathers the predictions itself
+        remedies.insert(0, Remedy("gather the Trainer's predictions on the host",
+                                  "TrainingArguments(eval_accumulation_steps=N) moves what evaluation gathered to "
+                                  "the CPU every N steps; preprocess_logits_for_metrics (an argmax) shrinks the logits "
+                                  "before they are gathered", predicted))
     return Finding(ID, f"outputs of {n} passes kept on the device take {format_bytes(kept)}", kept, evidence,
                    remedies, free_fix_tier(f, predicted), fits(f, predicted),
                    {"passes": n, "steps_from": "model calls"}, blocks=list(f.gathered))

@@ -1,0 +1,36 @@
+"""transformers' Trainer gathering its evaluation's logits on the device (no
+eval_accumulation_steps): a leak within one step, told in the Trainer's own settings, not
+a dataset held on the device (tests/scenarios/trainer_eval_gathers_logits.py)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("accelerate")
+SCRIPT = Path(__file__).parent / "scenarios" / "trainer_eval_gathers_logits.py"
+
+
+def _diagnose(*args, cwd) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "memdoctor", "diagnose", SCRIPT, "--budget", "300MiB", "--json",
+                           "--", *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+    assert proc.returncode in (0, 3), proc.stderr[-2000:]
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_the_trainers_gathered_logits_are_a_leak_within_its_evaluation(tmp_path):
+    code, out = _diagnose(cwd=tmp_path)
+    assert code == 3
+    rules = [f["rule"] for f in out["findings"]]
+    assert rules[0] == "leak" and "data-on-device" not in rules, rules
+    first = out["findings"][0]
+    assert first["details"]["passes"] >= 4
+    assert first["accounts_for_bytes"] >= 32 * 128 * 8000 * 4          # the 32 rows joined so far
+    assert "eval_accumulation_steps" in first["remedies"][0]["how"]
+    assert first["fits_after_fix"] is True
+
+
+def test_the_same_evaluation_without_gathering_fits(tmp_path):
+    code, out = _diagnose("160", "loss-only", cwd=tmp_path)
+    assert code == 0 and not out["oom"], out["findings"]
