@@ -144,3 +144,43 @@ def test_try_ckpt_checkpoints_the_model_whose_activations_ran_out():
     assert len(tried.applied) == 1 and "of Generator" in tried.applied[0], tried.applied
     assert "segments of layers" in tried.applied[0]
     assert peak(tried.after)[1] < peak(tried.before)[1]
+
+
+
+class _SavedBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.linear(x))
+
+
+class _SavedModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(_SavedBlock() for _ in range(3))
+        self.flat = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.flat(x)
+
+
+def test_a_checkpointed_model_still_saves_whole_and_copies():
+    """`torch.save(model)` at the end of training (pytorch/examples' word_language_model does
+    it) and `copy.deepcopy(model)` (an EMA copy) keep working with checkpointing applied; the
+    saved and copied models compute what the checkpointed one does."""
+    import io
+    torch.manual_seed(0)
+    model = _SavedModel()
+    apply_checkpointing(model, "full")
+    x = torch.randn(4, 8, requires_grad=True)
+    model(x).sum().backward()
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(loaded(x), model(x))
+    assert torch.equal(copy.deepcopy(model)(x), model(x))

@@ -211,9 +211,7 @@ def _checkpointed(forward: Callable, context_fn: Callable | None, module: nn.Mod
         fn = functools.partial(inner, **kwargs) if kwargs else inner
         return checkpoint(fn, *args, use_reentrant=False, **extra)
 
-    run.__wrapped__ = forward
-    setattr(run, _MARK, True)
-    return run
+    return WrappedForward(run, forward)
 
 
 def _segmented(parent: nn.Sequential, units: list[Unit], chosen: set[int], context_fn: Callable | None) -> Callable:
@@ -237,8 +235,27 @@ def _segmented(parent: nn.Sequential, units: list[Unit], chosen: set[int], conte
             x = checkpoint(run, x, use_reentrant=False, **extra) if i in chosen else run(x)
         return x
 
-    setattr(forward, _MARK, True)
-    return forward
+    return WrappedForward(forward, parent.forward)
+
+
+class WrappedForward:
+    """A forward memdoctor put on a module: it runs `run`, and pickles and copies as the
+    forward it replaced, so that `torch.save(model)` and `copy.deepcopy(model)` (an EMA copy)
+    keep working; what they make runs the plain forward."""
+
+    def __init__(self, run: Callable, wrapped: Callable):
+        self._run, self.__wrapped__ = run, wrapped
+        setattr(self, _MARK, True)
+
+    def __call__(self, *args, **kwargs):
+        return self._run(*args, **kwargs)
+
+    def __reduce__(self):
+        return _same, (self.__wrapped__,)
+
+
+def _same(value):
+    return value
 
 
 def _turn_off_kv_caches(model: nn.Module) -> list:
