@@ -7,7 +7,7 @@ from memdoctor.diagnosis.base import Finding, fits
 from memdoctor.diagnosis.facts import Facts
 from memdoctor.diagnosis.registry import FALLBACK, RULES, load
 from memdoctor.diagnosis.sources import attach_sources
-from memdoctor.integrations.remedy_terms import framework_of, in_terms_of
+from memdoctor.remedies.framework_terms import framework_of, in_terms_of
 
 log = logging.getLogger("memdoctor")
 

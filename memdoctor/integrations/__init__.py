@@ -6,6 +6,6 @@ framework's own settings.
     from memdoctor.integrations.lightning import MemdoctorCallback
     from memdoctor.integrations import settings_for
 """
-from memdoctor.integrations.settings import FRAMEWORKS, Settings, settings_for
+from memdoctor.remedies.framework_settings import FRAMEWORKS, Settings, settings_for
 
 __all__ = ["FRAMEWORKS", "Settings", "settings_for"]

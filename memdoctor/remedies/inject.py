@@ -403,8 +403,11 @@ def compare(script: str, args: list[str] | None, fix: Fix | str, budget=None, so
     fix = parse_fix(fix) if isinstance(fix, str) else fix
     check_here(fix.plan)
     args = list(args or [])
+    grouped = _process_group_up()
     before = trace_script(script, args, budget=budget, source=source).run
     gc.collect()
+    if not grouped:
+        _end_process_group()        # the script's own: it makes it again in the 'after' run
     target = activation_root(before) if fix.plan.checkpointing is not None else None
     # the CUDA caching allocator keeps what the first run reserved: the after starts afresh
     if fix.allocator or pick_source(source) == "allocator":
@@ -412,10 +415,25 @@ def compare(script: str, args: list[str] | None, fix: Fix | str, budget=None, so
     else:
         with injected(fix.plan, target) as injection:
             after = trace_script(script, args, budget=budget, source=source).run
+        if not grouped:
+            _end_process_group()
         applied, problems = injection.applied, injection.problems
         if not applied and not problems:
             problems = [f"{fix}: nothing to apply it to (no module forward or optimizer step ran)"]
     return Tried(fix, before, after, applied, problems)
+
+
+def _process_group_up() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+def _end_process_group() -> None:
+    """End the default process group a script made and left (under torchrun), so that the
+    script can make it again when it runs a second time in this process."""
+    import torch.distributed as dist
+    if _process_group_up():
+        dist.destroy_process_group()
 
 
 def _after_in_new_process(script, args, fix: Fix, budget, source, target: str | None = None):

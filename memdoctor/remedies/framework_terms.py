@@ -3,7 +3,7 @@ Trainer, Lightning or accelerate user can act on, where `Plan(...)` is memdoctor
 they cannot plug into `trainer.train()`."""
 from __future__ import annotations
 
-from memdoctor.integrations.settings import settings_for
+from memdoctor.remedies.framework_settings import settings_for
 from memdoctor.remedies.plan import Plan
 
 # where each framework takes its settings
