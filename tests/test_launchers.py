@@ -45,3 +45,20 @@ def test_two_ranks_print_one_diagnosis_naming_the_ranks(tmp_path):
     assert "Traceback" not in out
     assert sorted(p.name for p in tmp_path.glob("ddp.rank*.memrun.json.gz")) == [
         "ddp.rank0.memrun.json.gz", "ddp.rank1.memrun.json.gz"]
+
+
+@pytest.mark.slow
+def test_a_remedy_tried_under_torchrun_runs_the_script_again_in_its_process_group(tmp_path):
+    """`--try` runs the script twice in each rank's process: the process group the first run
+    made and left is ended first, so the second can make it again, and the fix is measured."""
+    pytest.importorskip("torch.distributed.run")
+    (tmp_path / "ddp.py").write_text(SCRIPT.replace("    dist.destroy_process_group()\n", ""))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    env.pop("MEMDOCTOR_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "memdoctor", "diagnose", "ddp.py", "--budget", "48MiB", "--source", "dispatch",
+                           "--try", "ckpt=full", "--", "--steps", "2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "twice" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert "after --try ckpt=full" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "nothing to apply it to" not in proc.stdout
