@@ -72,7 +72,8 @@ _FORWARD_CALL = obj(index=SIZE, module=STR, seq_start=SIZE, seq_end=opt(SIZE), t
                     grad_enabled=BOOL, backward=BOOL, mark_start=SIZE, mark_end=opt(SIZE), phase=STR,
                     graph=BOOL, params=BOOL)
 _OPTIMIZER = obj(("class", "param_bytes"), **{"class": STR}, foreach=opt(BOOL), fused=opt(BOOL), momentum=opt(NUMBER),
-                 num_params=SIZE, param_bytes=SIZE, largest_param_bytes=SIZE, device=STR)
+                 num_params=SIZE, param_bytes=SIZE, largest_param_bytes=SIZE, device=STR,
+                 implementations=list_of(STR), history_size=opt(SIZE))
 _SNAPSHOT = obj(trace_entries=SIZE, free_action=STR, blocks_before_trace=SIZE, bytes_before_trace=SIZE,
                 implied_frees=SIZE, reserved_inconsistent=BOOL, time_us=list_of(opt(NUMBER)),
                 block_context=list_of(lambda r: type(r) is list and len(r) == 3 and SIZE(r[0])

@@ -14,24 +14,25 @@ _OPTIMIZER_WRAPPERS = {"AcceleratedOptimizer": "accelerate", "LightningOptimizer
                        "_FabricOptimizer": "lightning"}
 
 
-def of_model(root) -> str | None:
+def of_model(root) -> set[str]:
     """A LightningModule, or a model Lightning Fabric wrapped."""
     cls = type(root)
     if any(c.__name__ == "LightningModule" for c in cls.__mro__) or cls.__module__.startswith("lightning.fabric"):
-        return "lightning"
-    return None
+        return {"lightning"}
+    return set()
 
 
-def of_optimizer(optimizer) -> str | None:
-    return _OPTIMIZER_WRAPPERS.get(type(optimizer).__name__)
+def of_optimizer(optimizer) -> set[str]:
+    name = _OPTIMIZER_WRAPPERS.get(type(optimizer).__name__)
+    return {name} if name else set()
 
 
-def of_frames(frame, depth: int = 40) -> str | None:
+def of_frames(frame, depth: int = 40) -> set[str]:
     """The framework whose loop is among the frames from `frame` outwards."""
     while frame is not None and depth:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         for marker, framework in _LOOP_FILES:
             if marker in path:
-                return framework
+                return {framework}
         frame, depth = frame.f_back, depth - 1
-    return None
+    return set()

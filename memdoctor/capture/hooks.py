@@ -172,7 +172,7 @@ class OwnershipHooks:
         if id(root) in self.roots:
             return
         self.roots[id(root)] = weakref.ref(root)
-        self._note(frameworks.of_model(root))
+        self.frameworks |= frameworks.of_model(root)
         self.root_order[id(root)] = len(self.root_order)
         if self.light:
             self._hook_root(root)
@@ -192,9 +192,6 @@ class OwnershipHooks:
                 self.rec.claim(p.grad, Category.GRADIENTS.value, name + ".grad")
         for name, b in root.named_buffers():
             self.rec.claim(b, Category.WEIGHTS.value, name)
-
-    def _note(self, framework: str | None) -> None:
-        self.frameworks.update([framework] if framework else [])
 
     def _hook_root(self, root: torch.nn.Module) -> None:
         """Light mode: this model's own outermost-call hooks, and no more discovery."""
@@ -217,7 +214,7 @@ class OwnershipHooks:
         more parameters, the gradients (made anew each backward) at every step; the state a
         step makes or replaces is claimed after it (`_step_post`). A framework's wrapper is
         the optimizer it wraps (found both ways, it is one)."""
-        self._note(frameworks.of_optimizer(optimizer))
+        self.frameworks |= frameworks.of_optimizer(optimizer)
         optimizer = inner_optimizer(optimizer)
         first = id(optimizer) not in self.optimizers
         if first:
@@ -286,15 +283,16 @@ class OwnershipHooks:
                     self.rec.claim_again(p, Category.WEIGHTS.value, lambda: self._pname(p))
 
     def _claim_state(self, optimizer, only_if_grown: bool = False) -> None:
-        if only_if_grown:
-            size = sum(len(state) for state in optimizer.state.values())
+        if only_if_grown:       # LBFGS keeps its history in lists that grow a step at a time
+            size = sum(len(v) if isinstance(v, list) else 1 for state in optimizer.state.values() for v in state.values())
             if self._state_sizes.get(id(optimizer)) == size:
                 return
             self._state_sizes[id(optimizer)] = size
         for p, state in optimizer.state.items():
             for key, value in state.items():
-                if isinstance(value, torch.Tensor):
-                    self.rec.claim_again(value, Category.OPTIMIZER_STATE.value, lambda: f"{self._pname(p)}:{key}")
+                for t in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(t, torch.Tensor):
+                        self.rec.claim_again(t, Category.OPTIMIZER_STATE.value, lambda: f"{self._pname(p)}:{key}")
         tables = getattr(optimizer, "device_tables", None)      # memdoctor's FusedAdamW
         if callable(tables):
             for name, value in tables().items():
@@ -350,7 +348,7 @@ class OwnershipHooks:
         calls = self.calls
         site = first_user_frame(sys._getframe(1))    # the caller of the module, outwards from the hook
         if len(calls) < 8:
-            self._note(frameworks.of_frames(sys._getframe(1)))
+            self.frameworks |= frameworks.of_frames(sys._getframe(1))
         # positional: index, module, seq_start, seq_end, training, grad_enabled, backward,
         # mark_start, mark_end, params, graph, model, site
         call = ForwardCall(len(calls), name, len(rec.run.actions), None, module.training,

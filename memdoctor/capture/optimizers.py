@@ -87,6 +87,8 @@ def describe_optimizer(optimizer) -> dict:
         "foreach": defaults.get("foreach"),
         "fused": defaults.get("fused"),
         "momentum": defaults.get("momentum"),
+        "implementations": [k for k in ("foreach", "fused") if k in defaults],   # what its constructor takes
+        "history_size": defaults.get("history_size"),
         "num_params": len(params),
         "param_bytes": sum(p.numel() * p.element_size() for p in params),
         "largest_param_bytes": max((p.numel() * p.element_size() for p in params), default=0),

@@ -255,6 +255,8 @@ def facts_from_run(run: Run) -> Facts:
         per_byte = STATE_PER_PARAM_BYTE.get(f.optimizer["class"], 0.0)
         if f.optimizer["class"] == "SGD" and f.optimizer.get("momentum"):
             per_byte = 1.0
+        if f.optimizer["class"] == "LBFGS":     # history_size pairs of flat vectors, and a few more
+            per_byte = 2.0 * (f.optimizer.get("history_size") or 100) + 3
         f.state_bytes_full = int(sum(o["param_bytes"] for o in optimizers) * per_byte)
     f.optimizer_temporaries = sum(b.nbytes for b in f.focus_blocks
                                   if b.phase == Phase.OPTIMIZER.value and b.category == TMP)

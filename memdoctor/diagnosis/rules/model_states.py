@@ -54,6 +54,22 @@ def check(f: Facts) -> Finding | None:
     idle = sum(b.nbytes for b in f.focus_blocks if b.category == "weights" and b.name.endswith("(not called)"))
     base = other + weights
     remedies = []
+    if opt == "LBFGS":
+        # its state is history_size pairs of flat vectors (and a few more): fewer pairs, or a
+        # first-order optimizer; the remedies for Adam's moments do not apply
+        history, per = (f.optimizer or {}).get("history_size") or 100, params or 1
+        # an OOM inside its step: the history built so far is still the step's scratch, not state
+        scratch = f.optimizer_temporaries - (f.requested_bytes or 0 if f.oom_phase == "optimizer" else 0)
+        base = weights + max(other - scratch, 0)
+        # its step holds the history, three more vectors kept and three of scratch (directions, differences)
+        pairs = max(min((max(f.limit_bytes - base - grads, 0) // per - 6) // 2, history - 1), 1)
+        remedies.append(Remedy("a shorter LBFGS history", f"LBFGS(..., history_size={pairs}) instead of {history}: "
+                               f"{pairs} pairs of vectors kept", base + grads + per * (2 * pairs + 6), None))
+        remedies.append(Remedy("a first-order optimizer", "AdamW (two moments a parameter) instead of LBFGS's "
+                               "history", base + grads + 2 * per, None))
+        return Finding(ID, f"model states take {format_bytes(states)} of the {format_bytes(f.limit_bytes)} limit",
+                       states, evidence, remedies, STRUCTURAL, fits(f, min(r.predicted_peak_bytes for r in remedies)),
+                       {"weights": weights, "gradients": grads, "optimizer_state": state})
     if state:
         low = params // 2 if params else state // 4      # two 8-bit moments: 2 bytes a fp32 parameter
         remedies.append(Remedy("8-bit optimizer state", "Plan(optimizer='adamw-8bit'): blockwise 8-bit moments",

@@ -54,9 +54,15 @@ def check(f: Facts) -> Finding | None:
     if f.oom and f.oom_phase == "optimizer":
         evidence.append(f"ran out in the optimizer step of step {f.oom_step} asking for {format_bytes(f.requested_bytes)}")
     predicted = live - temps + 2 * largest
-    remedies = [
-        Remedy("fused optimizer", f"{opt['class']}(..., fused=True), or Plan(optimizer='fused')", predicted, "opt=fused"),
-        Remedy("for-loop optimizer", f"{opt['class']}(..., foreach=False): slower, no whole-model copies", predicted),
-    ]
+    takes = opt.get("implementations", ["foreach", "fused"])   # runs saved before it was noted: both
+    remedies = []
+    if "fused" in takes:
+        remedies.append(Remedy("fused optimizer", f"{opt['class']}(..., fused=True), or Plan(optimizer='fused')",
+                               predicted, "opt=fused"))
+    if "foreach" in takes:
+        remedies.append(Remedy("for-loop optimizer", f"{opt['class']}(..., foreach=False): slower, no whole-model "
+                               "copies", predicted))
+    if not remedies:        # an optimizer with one implementation (LBFGS): its scratch is its own
+        return None
     return Finding(ID, f"the optimizer step's scratch tensors take {format_bytes(temps)}", temps, evidence,
                    remedies, free_fix_tier(f, predicted), fits(f, predicted))
