@@ -184,3 +184,15 @@ def test_a_checkpointed_model_still_saves_whole_and_copies():
     loaded = torch.load(buffer, weights_only=False)
     assert torch.equal(loaded(x), model(x))
     assert torch.equal(copy.deepcopy(model)(x), model(x))
+
+
+def test_t5s_blocks_are_its_encoders_and_decoders_layers_not_the_two_stacks():
+    """T5's encoder and decoder are same-class siblings that each hold a list of blocks: the
+    blocks are the lists' members (as for a model wrapped one level down, as Lightning does)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(d_model=64, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=2,
+                                   vocab_size=100, d_kv=32)
+    wrapper = nn.Module()
+    wrapper.model = transformers.T5ForConditionalGeneration(config)
+    assert [name for name, _ in find_blocks(wrapper)] == [
+        "model.encoder.block.0", "model.encoder.block.1", "model.decoder.block.0", "model.decoder.block.1"]

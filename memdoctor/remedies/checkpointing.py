@@ -102,12 +102,13 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
         group = _same_class_group(name, module)
         if group and (is_list or not isinstance(group[0][1], containers)):
             candidates.append((name, is_list, group))
-    members = [m for _, _, group in candidates for m, _ in group]
-    outer = [
-        (is_list, group) for parent, is_list, group in candidates
-        if not any(parent == m or parent.startswith(m + ".") for m in members)
-    ]
     for want_list in (True, False):
+        # lists inside another list's members are parts of blocks; lists inside same-class
+        # siblings are not (T5's encoder and decoder each hold a list of blocks)
+        pool = [c for c in candidates if c[1]] if want_list else candidates
+        members = [m for _, _, group in pool for m, _ in group]
+        outer = [(is_list, group) for parent, is_list, group in pool
+                 if not any(parent == m or parent.startswith(m + ".") for m in members)]
         best: list[tuple[str, nn.Module]] = []
         for is_list, group in outer:
             if is_list == want_list and len(group) > len(best):

@@ -226,7 +226,7 @@ class Injection:
             self.problems.append(f"ckpt={self.plan.checkpointing} not applied to {type(module).__name__}: {exc}")
         else:
             self._undo.append(handle.undo)
-            why = " (its activations filled the memory as written)" if self.target else ""
+            why = " (the model whose forward saved the most of what was alive as written)" if self.target else ""
             self.applied.append(f"{handle.description} of {type(module).__name__}{why}")
         self._done_roots = True
 

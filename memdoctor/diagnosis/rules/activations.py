@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import STRUCTURAL, Finding, Remedy, fits
-from memdoctor.diagnosis.facts import Facts
+from memdoctor.diagnosis.facts import LOGIT_ROWS, Facts
 
 ID = "activations"
 SHARE = 0.35
@@ -48,7 +48,7 @@ def check(f: Facts) -> Finding | None:
     if not f.under_pressure or f.source != "run":
         return None
     acts = f.step_activations
-    if f.oom and f.oom_phase == "forward" and f.oom_grad_enabled is not False:
+    if f.oom and f.oom_phase == "forward" and f.oom_grad_enabled is not False and not _asks_for_logits(f):
         acts += f.requested_bytes or 0      # what a forward with grad mode on asks for is about to be saved
     live = f.focus_bytes
     if not live or acts + f.step_held_bytes < SHARE * live:
@@ -59,8 +59,9 @@ def check(f: Facts) -> Finding | None:
     scaling += f.forward_rest_bytes         # the blocks an OOM in the forward left unrun save as much again
     modules = _top_modules(f)
     evidence = [f"{format_bytes(acts)} saved for backward in step {f.focus.step}, "
-                f"{100 * acts / live:.0f}% of {format_bytes(live)} live"
-                + (f" when {format_bytes(f.requested_bytes)} more was asked for in {f.oom_phase}" if f.oom else "")]
+                f"{100 * acts / live:.0f}% of {format_bytes(live)}"
+                + (f": what was live and the {format_bytes(f.requested_bytes)} asked for in {f.oom_phase}" if f.oom
+                   else " live")]
     if acts < SHARE * live:
         evidence.append(f"with {format_bytes(f.step_held_bytes)} more that this step's forward and backward made "
                         "and still hold (kept by a checkpoint's policy or a custom Function, recomputed by "
@@ -120,6 +121,12 @@ def check(f: Facts) -> Finding | None:
         title += f", about {format_bytes(acts)} with the blocks not yet run"
     return Finding(ID, title, acts, evidence,
                    remedies, STRUCTURAL, fits(f, best), {"by_module": dict(modules)})
+
+
+def _asks_for_logits(f: Facts) -> bool:
+    """The failed request is a vocabulary's logits (large-logits counts it, not this rule)."""
+    request, row = f.requested_bytes or 0, (f.vocab or 0) * 2
+    return bool(row and request and request % row == 0 and request >= row * LOGIT_ROWS)
 
 
 def _names(names: list[str], limit: int = 3) -> str:
