@@ -346,3 +346,17 @@ def test_large_logits_named_without_shapes(tmp_path):
     findings = diagnose(facts_from_run(run))
     assert findings and findings[0].rule == "large-logits", [f.rule for f in findings]
     assert "holds" in findings[0].evidence[0] or "hold" in findings[0].evidence[0]
+
+
+def test_outputs_kept_through_an_evaluation_after_training_are_the_leak_not_its_gradients(tmp_path):
+    """Three evaluation batches' log-probabilities kept in a list (a fourth running out) after
+    training with hand-written SGD: a leak within the step, found from three passes; the
+    gradients left from training pile nothing up beside a forward under no_grad."""
+    _, out = diagnose_json(HERE / "scenarios" / "eval_outputs_kept_after_training.py", "--budget", "220MiB",
+                           cwd=tmp_path)
+    rules = [f["rule"] for f in out["findings"]]
+    assert rules[0] == "leak" and "grads-during-forward" not in rules, rules
+    first = out["findings"][0]
+    assert first["details"]["passes"] == 3
+    assert first["accounts_for_bytes"] == 3 * 320 * 32000 * 4
+    assert first["source"]["line"] == 38

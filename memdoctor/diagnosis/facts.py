@@ -347,7 +347,7 @@ def _other_from_message(f: Facts) -> None:
         f.other_process_bytes = sum(p["bytes"] for p in procs)
 
 
-GATHERED_PASSES = 4     # passes of one model whose outputs are still alive: a loop gathering them
+GATHERED_PASSES = 3     # passes of one model whose outputs are still alive: a loop gathering them
 
 
 def _gathered(f: Facts, run: Run) -> tuple[list[Block], int]:

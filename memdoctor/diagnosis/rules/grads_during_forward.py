@@ -4,7 +4,8 @@ What it detects
     Gradients made by an earlier step are still allocated while this step's forward (or
     the start of its backward) holds its activations, at the peak or the OOM.
 Preconditions
-    - the focus (the OOM, else the peak) is in a forward pass or in backward;
+    - the focus (the OOM, else the peak) is in a training forward pass or in backward (not
+      in a forward under no_grad or without backward: nothing piles up beside them there);
     - the gradients alive there were made in an earlier step: gradients this step's own
       backward made, or ones accumulated over micro-batches of one optimizer step, never
       count;
@@ -28,6 +29,7 @@ from __future__ import annotations
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import Finding, Remedy, free_fix_tier, fits
 from memdoctor.diagnosis.facts import Facts
+from memdoctor.run import Phase
 
 ID = "grads-during-forward"
 
@@ -40,6 +42,8 @@ def check(f: Facts) -> Finding | None:
     if not grads or grads < 0.1 * live:
         return None
     phase = f.oom_phase if f.oom else f.focus.phase
+    if phase == Phase.FORWARD_NO_BACKWARD.value or (f.oom and f.oom_grad_enabled is False):
+        return None             # an evaluation under no_grad: no activations pile up beside them
     evidence = [f"{format_bytes(grads)} of gradients from earlier steps alive during the {phase} of step "
                 f"{f.focus.step}, {100 * grads / live:.0f}% of {format_bytes(live)}"]
     predicted = live - grads
