@@ -1,10 +1,12 @@
 """`torchrun --nproc-per-node 2 -m memdoctor diagnose SCRIPT`: two gloo ranks each trace
 themselves, rank 0 prints one diagnosis for both with the ranks named, rank 1 prints
 nothing."""
+import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -48,17 +50,50 @@ def test_two_ranks_print_one_diagnosis_naming_the_ranks(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_remedy_tried_under_torchrun_runs_the_script_again_in_its_process_group(tmp_path):
-    """`--try` runs the script twice in each rank's process: the process group the first run
-    made and left is ended first, so the second can make it again, and the fix is measured."""
+def test_a_remedy_tried_under_torchrun_is_refused_in_one_line(tmp_path):
+    """`--try` runs the script twice in each process; ranks cannot meet in a second process
+    group through the launcher's store: each rank says so in one line, exit 2, and nothing hangs."""
     pytest.importorskip("torch.distributed.run")
-    (tmp_path / "ddp.py").write_text(SCRIPT.replace("    dist.destroy_process_group()\n", ""))
+    (tmp_path / "ddp.py").write_text(SCRIPT)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     env.pop("MEMDOCTOR_DEBUG", None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "memdoctor", "diagnose", "ddp.py", "--budget", "48MiB", "--source", "dispatch",
                            "--try", "ckpt=full", "--", "--steps", "2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "--try runs the script twice" in line]
+    assert len(lines) == 2, proc.stderr[-2000:]
+    assert "exitcode  : 2" in proc.stderr
+
+
+def _ranks_json(tmp_path, *script_args) -> dict:
+    script = Path(__file__).parent / "scenarios" / "ddp_buckets.py"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MEMDOCTOR_RANK_WAIT_S": "60"}
+    env.pop("MEMDOCTOR_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "memdoctor", "diagnose", str(script), "--budget", "96MiB", "--source", "dispatch",
+                           "--json", "--", *script_args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert "twice" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
-    assert "after --try ckpt=full" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "nothing to apply it to" not in proc.stdout
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+def test_ddps_gradient_buckets_are_model_states_with_the_bucket_view_as_the_fix(tmp_path):
+    """DDP keeps a copy of every gradient in its buckets: counted with the model states, and
+    gradient_as_bucket_view=True offered first, predicted at the peak the script then has."""
+    pytest.importorskip("torch.distributed.run")
+    (tmp_path / "copy").mkdir()
+    out = _ranks_json(tmp_path / "copy")
+    first = out["findings"][0]
+    assert first["rule"] == "model-states"
+    params = (1024 * 2048 + 2048 + 2048 * 1024 + 1024) * 4
+    assert "gradient buckets" in first["evidence"][0]
+    assert abs(first["accounts_for_bytes"] - 5 * params) <= 64        # and AdamW's step counts
+    fix = first["remedies"][0]
+    assert "gradient_as_bucket_view=True" in fix["how"]
+    (tmp_path / "view").mkdir()
+    viewed = _ranks_json(tmp_path / "view", "view")
+    assert not viewed["oom"]
+    peak = max(r["peak_bytes"] for r in viewed["per_rank"])
+    assert abs(fix["predicted_peak_bytes"] - peak) <= 0.02 * peak

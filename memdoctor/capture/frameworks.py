@@ -36,3 +36,12 @@ def of_frames(frame, depth: int = 40) -> set[str]:
                 return {framework}
         frame, depth = frame.f_back, depth - 1
     return set()
+
+
+def ddp_buckets(root) -> list[dict]:
+    """DistributedDataParallel keeps its gradient buckets, a copy of every gradient, for the
+    whole run unless gradient_as_bucket_view=True makes the gradients views into them."""
+    if type(root).__name__ != "DistributedDataParallel":
+        return []
+    return [{"gradient_as_bucket_view": bool(getattr(root, "gradient_as_bucket_view", False)),
+             "param_bytes": sum(p.numel() * p.element_size() for p in root.parameters() if p.requires_grad)}]

@@ -90,6 +90,7 @@ class OwnershipHooks:
         self.root_order: dict[int, int] = {}       # id of a model -> the order it was first seen in
         self.module_names: dict[int, str] = {}
         self.frameworks: set[str] = set()           # training frameworks seen driving the run
+        self.ddp: list[dict] = []                    # DistributedDataParallel wrappers: their buckets
         self.recomputed: set[str] = set()           # modules a backward called (checkpointing's recompute)
         self.block_counts: dict[str, int] = {}      # a list of repeated blocks ("blocks" of blocks.0-11) -> its length
         self.param_names: dict[int, str] = {}
@@ -173,6 +174,7 @@ class OwnershipHooks:
             return
         self.roots[id(root)] = weakref.ref(root)
         self.frameworks |= frameworks.of_model(root)
+        self.ddp += frameworks.ddp_buckets(root)
         self.root_order[id(root)] = len(self.root_order)
         if self.light:
             self._hook_root(root)

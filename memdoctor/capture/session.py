@@ -164,6 +164,7 @@ class Tracer:
         rec.run.meta["block_counts"] = dict(self.hooks.block_counts)
         rec.run.meta["recomputed_in_backward"] = sorted(self.hooks.recomputed)
         rec.run.meta["frameworks"] = sorted(self.hooks.frameworks)
+        rec.run.meta["ddp"] = list(self.hooks.ddp)
         rec.run.meta["steps_from"], starts = self.hooks.step_starts()
         rec.renumber_steps(starts)
         held = find_held(tb, caller)            # containers of tensors in the user's frames

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from memdoctor.cli.common import (EXIT_OK, EXIT_OOM, EXIT_SCRIPT_FAILED, UsageError, add_script_args, check_script,
@@ -125,6 +126,12 @@ def _diagnose_try(ns) -> int:
     from memdoctor.remedies.inject import FixError, compare, parse_fix
     if not ns.script:
         raise UsageError("--try needs a SCRIPT to run again")
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        # its ranks would meet again in a second process group the launcher's store still
+        # holds the first one's addresses for
+        raise UsageError("--try runs the script twice in each process, which a launch of several ranks cannot; "
+                         "under the launcher, apply the fix in the script (memdoctor.remedies.prepare) and diagnose "
+                         "again, or --try it on one rank")
     try:
         fix = parse_fix(ns.try_fix)
     except FixError as exc:

@@ -107,6 +107,12 @@ class Facts:
         return max(self.state_bytes_full - self.cat(S), 0)
 
     @property
+    def ddp_bucket_bytes(self) -> int:
+        """DistributedDataParallel's gradient buckets not shared with the gradients."""
+        ddp = (self.run.meta.get("ddp") or []) if self.run is not None else []
+        return sum(d["param_bytes"] for d in ddp if not d.get("gradient_as_bucket_view"))
+
+    @property
     def pending_grad_bytes(self) -> int:
         """Gradients not made yet at an OOM in a training forward or backward: the fixed run's
         backward makes them while what it holds is still alive (most of what a forward saved; one

@@ -35,7 +35,8 @@ SHARE = 0.5
 def check(f: Facts) -> Finding | None:
     if not f.under_pressure or f.source != "run" or not f.limit_bytes:
         return None
-    states = f.model_state_bytes
+    buckets = f.ddp_bucket_bytes         # DDP's copy of the gradients, alive the whole run
+    states = f.model_state_bytes + buckets
     if states < SHARE * f.limit_bytes:
         return None
     weights, params = f.cat("weights"), f.param_bytes
@@ -49,11 +50,18 @@ def check(f: Facts) -> Finding | None:
         f"{format_bytes(state)} = {format_bytes(states)}, {100 * states / f.limit_bytes:.0f}% of the "
         f"{format_bytes(f.limit_bytes)} limit",
     ]
+    if buckets:
+        evidence[0] = evidence[0].replace(" = ", f" + DistributedDataParallel's gradient buckets {format_bytes(buckets)} = ")
     if f.oom:
         evidence.append(f"ran out in {f.oom_phase} of step {f.oom_step} asking for {format_bytes(f.requested_bytes)}")
     idle = sum(b.nbytes for b in f.focus_blocks if b.category == "weights" and b.name.endswith("(not called)"))
     base = other + weights
     remedies = []
+    if buckets:
+        # the gradients become views into the buckets: one copy instead of two
+        remedies.append(Remedy("gradients as views into DDP's buckets",
+                               "DistributedDataParallel(model, ..., gradient_as_bucket_view=True)",
+                               max(f.focus_bytes - buckets, 0), None))
     if opt == "LBFGS":
         # its state is history_size pairs of flat vectors (and a few more): fewer pairs, or a
         # first-order optimizer; the remedies for Adam's moments do not apply
