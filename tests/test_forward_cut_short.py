@@ -98,3 +98,34 @@ def test_a_trainer_run_is_told_its_fixes_as_training_arguments(tmp_path):
     remedies = _remedies(first)
     assert remedies["bf16"]["in_framework"] == "transformers: TrainingArguments(bf16=True)"
     assert remedies["ckpt=full"]["in_framework"].startswith("transformers: TrainingArguments(")
+
+
+ROOT_STACK = """
+import sys
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(6)]).double()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(2):
+    x = torch.randn(int(sys.argv[1]), 256, dtype=torch.float64)
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_root_stack_of_like_blocks_in_float64_is_extrapolated_and_not_told_autocast(tmp_path):
+    """A model that is itself an nn.Sequential of six like blocks, in float64: the blocks after
+    the OOM's are counted, and bf16 autocast (which leaves float64 alone) is not offered."""
+    script = tmp_path / "stack.py"
+    script.write_text(ROOT_STACK)
+    out = _memdoctor("diagnose", script, "--budget", "64MiB", "--json", "--", 8192, cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "activations"
+    assert any("block 2 of 6" in e for e in first["evidence"]), first["evidence"]
+    assert any("float64" in e for e in first["evidence"])
+    remedies = _remedies(first)
+    assert "bf16" not in remedies
+    real = _memdoctor("trace", script, "--json", "--", 2048, cwd=tmp_path)["peak_bytes"]
+    assert real <= remedies["micro=auto"]["predicted_peak_bytes"]

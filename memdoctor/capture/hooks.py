@@ -22,6 +22,7 @@ from memdoctor.capture.frames import first_user_frame
 from memdoctor.capture.recorder import Recorder, log
 from memdoctor.capture.saved_tensors import pop_saved_hooks, unpack_checked
 from memdoctor.capture import frameworks
+from memdoctor.capture.block_lists import block_lists
 from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer, inner_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
@@ -175,15 +176,13 @@ class OwnershipHooks:
         self.roots[id(root)] = weakref.ref(root)
         self.frameworks |= frameworks.of_model(root)
         self.ddp += frameworks.ddp_buckets(root)
+        self.block_counts.update(block_lists(root))
         self.root_order[id(root)] = len(self.root_order)
         if self.light:
             self._hook_root(root)
         by_address = self.rec.claims is not None     # the allocator source joins grads by address
         for name, module in root.named_modules():
             self.module_names.setdefault(id(module), name or type(root).__name__)
-            container, _, index = name.rpartition(".")
-            if container and index.isdigit() and not any(p.isdigit() for p in container.split(".")):
-                self.block_counts[container] = max(self.block_counts.get(container, 0), int(index) + 1)
         for name, p in root.named_parameters():
             self.param_names.setdefault(id(p), name)
             self.rec.claim(p, Category.WEIGHTS.value, name)

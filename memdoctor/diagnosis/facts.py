@@ -171,28 +171,36 @@ def _forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
     parts = (f.oom_module or "").split(".")
     cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
     counts = run.meta.get("block_counts") or {}
-    container = ".".join(parts[:cut]) if cut else None
-    total = counts.get(container, 0) if container else 0
-    at = int(parts[cut]) if cut else 0
+    container = ".".join(parts[:cut]) if cut is not None else None
+    total = counts.get(container, 0) if container is not None else 0
+    at = int(parts[cut]) if cut is not None else 0
     if total < 2 or at >= total:
         return 0, None
     saved: dict[int, int] = {}
     for b in f.focus_blocks:
-        if b.category in (ACT, TMP) and b.step == f.focus.step and b.phase == forward and b.module \
-                and b.module.startswith(container + "."):
-            index = b.module[len(container) + 1:].split(".")[0]
-            if index.isdigit():
-                saved[int(index)] = saved.get(int(index), 0) + b.nbytes
+        index = _block_index(b.module, container)
+        if index is not None and b.category in (ACT, TMP) and b.step == f.focus.step and b.phase == forward:
+            saved[index] = saved.get(index, 0) + b.nbytes
     own = saved.get(at, 0) + (f.requested_bytes or 0)
     largest = max((i for i in range(at) if saved.get(i)), key=saved.__getitem__, default=None)
     per_block = saved[largest] if largest is not None else own
     rest = max(per_block - own, 0) + per_block * (total - at - 1)
     if not rest:
         return 0, None
-    return rest, (f"the OOM came in {container}.{at}, block {at + 1} of {total}: the rest of the forward would "
+    def block(i: int) -> str:
+        return f"{container}.{i}" if container else f"the model's child {i}"
+    return rest, (f"the OOM came in {block(at)}, block {at + 1} of {total}: the rest of the forward would "
                   f"save about {format_bytes(rest)} more ({format_bytes(per_block)} a block, as "
-                  f"{container}.{largest if largest is not None else at} saved"
+                  f"{block(largest if largest is not None else at)} saved"
                   + (" so far" if largest is None else "") + "), counted in the predicted peaks")
+
+
+def _block_index(module: str | None, container: str) -> int | None:
+    """Which block of the list at `container` ("" for the root) `module` is in, if any."""
+    if not module or (container and not module.startswith(container + ".")):
+        return None
+    first = module[len(container) + 1:].split(".")[0] if container else module.split(".")[0]
+    return int(first) if first.isdigit() else None
 
 
 def _pending_passes(run: Run) -> tuple[int, int | None]:

@@ -91,6 +91,12 @@ def check(f: Facts) -> Finding | None:
         evidence.append(f"{100 * half / sum(b.nbytes for b in saved):.0f}% of it is saved in 16 bits already "
                         f"(autocast on)")
         remedies = [r for r in remedies if r.plan != "bf16"]
+    double = sum(b.nbytes for b in saved if b.dtype == "float64")
+    if saved and 2 * double >= sum(b.nbytes for b in saved):
+        # autocast leaves float64 alone: a float64 model keeps its activations as they are
+        evidence.append(f"{100 * double / sum(b.nbytes for b in saved):.0f}% of it is float64, which autocast "
+                        "does not cast (the model's own dtype, `model.float()`, would halve it)")
+        remedies = [r for r in remedies if r.plan != "bf16"]
     recomputed = (f.run.meta.get("recomputed_in_backward") or []) if f.run else []
     if recomputed:
         # checkpointing is on already: what is left is fewer rows at a time (or 16 bits)
