@@ -144,7 +144,7 @@ def _grad_mode_at(run: Run, seq: int) -> bool | None:
     return bool(call.get("grad_enabled", True)) if call else None
 
 
-def _step_held(f: Facts, run: Run) -> int:
+def _step_held(f: Facts) -> int:
     """An OOM in a training step's forward or backward: what this step's passes made and still
     hold without a saved-tensor hook seeing it saved (kept by a checkpoint's policy or a custom
     Function's ctx, recomputed by checkpointing in backward, gradients of activations, the op in
@@ -163,11 +163,9 @@ def _forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
     list saved (the OOM's own block, request included, where none had finished). A fix
     predicted from the tensors alive at the OOM must carry them too, or it is told "fits" where
     the rest of the forward runs out."""
-    call = _running_call(run, run.ooms[0].seq)
-    if f.oom_phase != Phase.FORWARD.value or not call or not call.get("training") or not call.get("grad_enabled"):
+    if not f.oom_in_training_forward:
         return 0, None
     forward = Phase.FORWARD.value
-    f.oom_in_training_forward = True
     parts = (f.oom_module or "").split(".")
     cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
     counts = run.meta.get("block_counts") or {}
@@ -187,6 +185,7 @@ def _forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
     rest = max(per_block - own, 0) + per_block * (total - at - 1)
     if not rest:
         return 0, None
+
     def block(i: int) -> str:
         return f"{container}.{i}" if container else f"the model's child {i}"
     return rest, (f"the OOM came in {block(at)}, block {at + 1} of {total}: the rest of the forward would "
@@ -285,8 +284,11 @@ def facts_from_run(run: Run) -> Facts:
                              f.pending_activations)
     _find_logits(f)
     if f.oom:
+        call = _running_call(run, run.ooms[0].seq)
+        f.oom_in_training_forward = bool(f.oom_phase == Phase.FORWARD.value and call and call.get("training")
+                                         and call.get("grad_enabled"))
         f.forward_rest_bytes, f.forward_rest_note = _forward_rest(f, run)
-        f.step_held_bytes = _step_held(f, run)
+        f.step_held_bytes = _step_held(f)
     nvml = run.device.get("nvml_at_oom") or run.device.get("nvml") or {}
     if nvml.get("available"):
         others = [p for p in nvml.get("processes", []) if not p.get("is_self")]
@@ -412,10 +414,10 @@ def _concatenated(f: Facts, run: Run, calls: list[dict]) -> tuple[list[Block], i
     def outside(b: Block) -> bool:
         return not any(start <= b.alloc_seq < end for start, end in inside)
 
-    alive = [b for b in f.focus_blocks if b.name in _JOINS and b.shape and b.step == f.focus.step
-             and b.category not in (W, G, S, ACT) and outside(b)]
+    alive = sorted((b for b in f.focus_blocks if b.name in _JOINS and b.shape and b.step == f.focus.step
+                    and b.category not in (W, G, S, ACT) and outside(b)), key=lambda b: -b.nbytes)
     kept, passes = [], 0
-    for last in alive:
+    for last in alive[:8]:          # the largest: each looks through the run's blocks once
         tail = tuple(last.shape[1:])
         lengths = {b.shape[0] for b in run.blocks.values()
                    if b.name in _JOINS and b.dtype == last.dtype and b.shape and tuple(b.shape[1:]) == tail

@@ -25,7 +25,9 @@ Fix
     discriminator) called once each are no such case.
     Where one module saves at least 80% (a recurrent layer over a long sequence), no
     checkpointing is offered: recomputing that module brings its saved tensors back whole;
-    where most of it is saved in 16 bits already (autocast on), no bf16 autocast.
+    where most of it is saved in 16 bits already (autocast on), or in float64 (which autocast
+    leaves alone), no bf16 autocast; where backward recomputed modules (checkpointing on
+    already), no checkpointing.
     An OOM in block k of n repeated blocks of a training forward: the blocks after it are
     counted as saving what the largest finished one saved, in every predicted peak.
 Known limits

@@ -18,6 +18,9 @@ Example
 Fix
     Store optimizer state in 8 or 16 bits, apply the optimizer step inside backward,
     shard gradients and states over data-parallel ranks (ZeRO-2), or parameters too (ZeRO-3).
+    DistributedDataParallel keeps a copy of the gradients in its buckets: counted here, and
+    gradient_as_bucket_view=True drops it. LBFGS's state is history_size pairs of
+    parameter-sized vectors: a shorter history that fits, or a first-order optimizer.
 Known limits
     The optimizer's state is predicted from its class (Adam: two moments a parameter);
     an optimizer memdoctor does not know is counted by the state it has made so far.
