@@ -110,7 +110,7 @@ class Facts:
     def ddp_bucket_bytes(self) -> int:
         """DistributedDataParallel's gradient buckets not shared with the gradients."""
         ddp = (self.run.meta.get("ddp") or []) if self.run is not None else []
-        return sum(d["param_bytes"] for d in ddp if not d.get("gradient_as_bucket_view"))
+        return sum(d.get("param_bytes", 0) for d in ddp if not d.get("gradient_as_bucket_view"))
 
     @property
     def pending_grad_bytes(self) -> int:
