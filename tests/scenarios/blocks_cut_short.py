@@ -1,7 +1,7 @@
 """A stack of six attention blocks trained with AdamW that runs out in its second block
 in the first step: the blocks after it never ran, yet a fix must carry what they save.
 
-    python blocks_cut_short.py BATCH [accelerate] [kept] [ckpt]
+    python blocks_cut_short.py BATCH [accelerate] [kept] [ckpt] [cuda]
 
 accelerate: the optimizer wrapped as accelerate's Accelerator.prepare wraps it (as
 transformers' Trainer does); kept: each block keeps its attention weights on a custom
@@ -15,6 +15,7 @@ from torch import nn
 
 BATCH, SEQ, WIDTH, HEADS, BLOCKS = int(sys.argv[1]), 256, 128, 4, 6
 WRAP, KEEP, CKPT = ("accelerate" in sys.argv[2:], "kept" in sys.argv[2:], "ckpt" in sys.argv[2:])
+DEVICE = "cuda" if "cuda" in sys.argv[2:] else "cpu"
 
 
 class SoftmaxOnCtx(torch.autograd.Function):
@@ -63,13 +64,13 @@ class Model(nn.Module):
 
 
 torch.manual_seed(0)
-model = Model()
+model = Model().to(DEVICE)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 if WRAP:
     from accelerate import Accelerator
     model, optimizer = Accelerator(cpu=True).prepare(model, optimizer)
 for step in range(3):
-    ids = torch.randint(0, 512, (BATCH, SEQ))
+    ids = torch.randint(0, 512, (BATCH, SEQ), device=DEVICE)
     loss = nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
     loss.backward()
     optimizer.step()
