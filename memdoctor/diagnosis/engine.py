@@ -53,9 +53,10 @@ def _in_framework_terms(findings: list[Finding], facts: Facts) -> None:
 
 def _add_pending_state(finding: Finding, facts: Facts) -> None:
     """Rules predict from the moment of the OOM; if that came before the optimizer made
-    its state (or, in a training forward, before backward made the gradients), the fixed
-    run's later steps carry them on top."""
-    pending = facts.pending_state_bytes + facts.pending_grad_bytes if facts.source == "run" else 0
+    its state (or, in a training forward, before backward made the gradients and, on CUDA,
+    its thread's cuBLAS workspaces), the fixed run's later steps carry them on top."""
+    pending = (facts.pending_state_bytes + facts.pending_grad_bytes + facts.pending_workspace_bytes
+               if facts.source == "run" else 0)
     if not pending or finding.rule == "model-states":      # model-states counts it already
         return
     for remedy in finding.remedies:

@@ -122,6 +122,18 @@ class Facts:
         return max(self.param_bytes - self.cat(G), 0)
 
     @property
+    def pending_workspace_bytes(self) -> int:
+        """CUDA: each thread that runs matmuls keeps cuBLAS workspaces for the process's life, and
+        autograd's backward thread takes its own at its first; an OOM in a training forward before
+        any backward leaves that to come, as large as the forward thread's."""
+        if not self.oom_in_training_forward or self.run is None:
+            return 0
+        blocks = [b for b in self.run.blocks.values() if b.name == "cuBLAS workspace"]
+        if any(b.phase == Phase.BACKWARD.value for b in blocks):
+            return 0
+        return sum(b.nbytes for b in blocks if b.phase == Phase.FORWARD.value)
+
+    @property
     def param_bytes(self) -> int:
         return (self.optimizer or {}).get("param_bytes", 0)
 
@@ -166,12 +178,9 @@ def _forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
     if not f.oom_in_training_forward:
         return 0, None
     forward = Phase.FORWARD.value
-    parts = (f.oom_module or "").split(".")
-    cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
     counts = run.meta.get("block_counts") or {}
-    container = ".".join(parts[:cut]) if cut is not None else None
+    container, at = _oom_block(f, counts)
     total = counts.get(container, 0) if container is not None else 0
-    at = int(parts[cut]) if cut is not None else 0
     if total < 2 or at >= total:
         return 0, None
     saved: dict[int, int] = {}
@@ -192,6 +201,25 @@ def _forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
                   f"save about {format_bytes(rest)} more ({format_bytes(per_block)} a block, as "
                   f"{block(largest if largest is not None else at)} saved"
                   + (" so far" if largest is None else "") + "), counted in the predicted peaks")
+
+
+def _oom_block(f: Facts, counts: dict[str, int]) -> tuple[str | None, int]:
+    """The list of blocks and the block the OOM came in: named by the OOM's module where it is
+    one of them (the dispatch source knows the innermost module), else the block that made the
+    latest of this forward's tensors still alive (the allocator source knows the outermost)."""
+    parts = (f.oom_module or "").split(".")
+    cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    if cut is not None and ".".join(parts[:cut]) in counts:
+        return ".".join(parts[:cut]), int(parts[cut])
+    latest, found = -1, (None, 0)
+    for b in f.focus_blocks:
+        if b.step != f.focus.step or b.phase != Phase.FORWARD.value or b.alloc_seq <= latest:
+            continue
+        for container in counts:
+            index = _block_index(b.module, container)
+            if index is not None:
+                latest, found = b.alloc_seq, (container, index)
+    return found
 
 
 def _block_index(module: str | None, container: str) -> int | None:
