@@ -429,8 +429,8 @@ def _process_group_up() -> bool:
 
 
 def _end_process_group() -> None:
-    """End the default process group a script made and left (under torchrun), so that the
-    script can make it again when it runs a second time in this process."""
+    """End the default process group a script made and left (one rank: a launch of several is
+    refused before), so that the script can make it again when it runs a second time here."""
     import torch.distributed as dist
     if _process_group_up():
         dist.destroy_process_group()
