@@ -250,6 +250,14 @@ def _t5_mask_as_measured(monkeypatch):
     monkeypatch.setattr(sdpa, "create_position_bias_mask", without_contiguous)
 
 
+def _t5_checkpointed_as_measured(monkeypatch):
+    """The H200 checkpointed T5 at its encoder and decoder stacks, the units ckpt=full took
+    then; it now takes the stacks' blocks (tests/test_checkpoint_units.py)."""
+    import memdoctor.remedies.checkpointing as checkpointing
+    monkeypatch.setattr(checkpointing, "find_blocks", lambda model: [
+        (name, module) for name, module in model.named_modules() if type(module).__name__ == "T5Stack"])
+
+
 @needs_transformers
 @pytest.mark.parametrize("plan, cid", [(None, "t5/fp32/b16"), ("ckpt=full", "t5/ckpt/b16")])
 def test_t5_on_the_cpu_estimates_what_the_h200_measured(monkeypatch, plan, cid):
@@ -259,6 +267,7 @@ def test_t5_on_the_cpu_estimates_what_the_h200_measured(monkeypatch, plan, cid):
     Run as CUDA runs them, the estimate makes the H200's peaks (and the H200 estimate's
     requests, benchmarks/zoo/zoo_traces.py)."""
     _t5_mask_as_measured(monkeypatch)
+    _t5_checkpointed_as_measured(monkeypatch)
     allocated, reserved = _h200_measured(cid)
     est = zoo_estimate("t5", 16, plan)
     assert abs(est.peak_allocated_bytes - allocated) <= 0.01 * allocated

@@ -86,14 +86,25 @@ def _same_class_group(prefix: str, module: nn.Module) -> list[tuple[str, nn.Modu
     return best
 
 
+def _holds_list_of_blocks(candidate, candidates) -> bool:
+    """Whether a list of composite modules (blocks, not single layers) lies inside a member
+    of `candidate`'s group."""
+    members = [m for m, _ in candidate[2]]
+    return any(is_list and any(name == m or name.startswith(m + ".") for m in members)
+               and any(next(child.children(), None) is not None for _, child in group)
+               for name, is_list, group in candidates)
+
+
 def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The repeated blocks of a model, as (qualified name, module); empty when nothing repeats.
 
     Candidates are the same-class children of every module, searched recursively; a
     candidate that lies inside a member of another (the Linears of one block's MLP) is part
-    of a block, not a block. Of the rest, the largest run inside a ModuleList/Sequential
-    wins (the first on a tie); failing that, the largest group of same-class siblings
-    (lists themselves, like a ResNet's stages, do not count as siblings).
+    of a block, not a block, unless it is a list of composite modules inside same-class
+    siblings (T5's encoder and decoder stacks each hold a list of blocks). Of the rest,
+    the largest run inside a ModuleList/Sequential wins (the first on a tie); failing
+    that, the largest group of same-class siblings (lists themselves, like a ResNet's
+    stages, do not count as siblings).
     """
     containers = (nn.ModuleList, nn.Sequential)
     candidates: list[tuple[str, bool, list[tuple[str, nn.Module]]]] = []
@@ -103,9 +114,11 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
         if group and (is_list or not isinstance(group[0][1], containers)):
             candidates.append((name, is_list, group))
     for want_list in (True, False):
-        # lists inside another list's members are parts of blocks; lists inside same-class
-        # siblings are not (T5's encoder and decoder each hold a list of blocks)
-        pool = [c for c in candidates if c[1]] if want_list else candidates
+        # lists inside another list's members are parts of blocks; so are lists of single
+        # layers inside same-class siblings (two blocks' MLPs), but not lists of composite
+        # modules (T5's encoder and decoder each hold a list of blocks)
+        pool = [c for c in candidates if c[1] or not _holds_list_of_blocks(c, candidates)] \
+            if want_list else candidates
         members = [m for _, _, group in pool for m, _ in group]
         outer = [(is_list, group) for parent, is_list, group in pool
                  if not any(parent == m or parent.startswith(m + ".") for m in members)]
