@@ -72,7 +72,7 @@ _FORWARD_CALL = obj(index=SIZE, module=STR, seq_start=SIZE, seq_end=opt(SIZE), t
                     grad_enabled=BOOL, backward=BOOL, mark_start=SIZE, mark_end=opt(SIZE), phase=STR,
                     graph=BOOL, params=BOOL)
 _OPTIMIZER = obj(("class", "param_bytes"), **{"class": STR}, foreach=opt(BOOL), fused=opt(BOOL), momentum=opt(NUMBER),
-                 num_params=SIZE, param_bytes=SIZE, largest_param_bytes=SIZE, device=STR,
+                 num_params=SIZE, param_bytes=SIZE, largest_param_bytes=SIZE, frozen_param_bytes=SIZE, device=STR,
                  implementations=list_of(STR), history_size=opt(SIZE))
 _SNAPSHOT = obj(trace_entries=SIZE, free_action=STR, blocks_before_trace=SIZE, bytes_before_trace=SIZE,
                 implied_frees=SIZE, reserved_inconsistent=BOOL, time_us=list_of(opt(NUMBER)),
@@ -83,7 +83,7 @@ META = obj(rank=SIZE, world_size=_int_in(1, MAX_SIZE), peak_live_bytes=SIZE, exi
            script_error=opt(STR), steps_from=STR, forward_calls=list_of(_FORWARD_CALL),
            optimizers=list_of(_OPTIMIZER), snapshot=_SNAPSHOT,
            sliced_inputs=list_of(obj(block=SIZE, address=SIZE, rows=SIZE)), block_counts=counts_by_name,
-           recomputed_in_backward=list_of(STR), frameworks=list_of(STR),
+           recomputed_in_backward=list_of(STR), checkpointed_in_forward=list_of(STR), frameworks=list_of(STR),
            ddp=list_of(obj(gradient_as_bucket_view=BOOL, param_bytes=SIZE)),
            kept_by=list_of(obj(source=INT, holder=STR, blocks=list_of(SIZE))))
 SEGMENT = obj(address=SIZE, total_size=SIZE, allocated_size=SIZE, inactive_size=SIZE,

@@ -23,6 +23,8 @@ from memdoctor.capture.recorder import Recorder, log
 from memdoctor.capture.saved_tensors import pop_saved_hooks, unpack_checked
 from memdoctor.capture import frameworks
 from memdoctor.capture.block_lists import block_lists
+from memdoctor.capture.checkpoint_seen import CheckpointSeen
+from memdoctor.capture.storages import storage_key as _storage_key, storage_of as _storage_of
 from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer, inner_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
@@ -94,6 +96,7 @@ class OwnershipHooks:
         self.ddp: list[dict] = []                    # DistributedDataParallel wrappers: their buckets
         self.recomputed: set[str] = set()           # modules a backward called (checkpointing's recompute)
         self.block_counts: dict[str, int] = {}      # a list of repeated blocks ("blocks" of blocks.0-11) -> its length
+        self.checkpointed = CheckpointSeen()        # blocks seen running inside a checkpoint in the forward
         self.param_names: dict[int, str] = {}
         self.stack: list[str] = []
         self.calls: list[ForwardCall] = []
@@ -177,6 +180,7 @@ class OwnershipHooks:
         self.frameworks |= frameworks.of_model(root)
         self.ddp += frameworks.ddp_buckets(root)
         self.block_counts.update(block_lists(root))
+        self.checkpointed.add_blocks(root, self.block_counts)
         self.root_order[id(root)] = len(self.root_order)
         if self.light:
             self._hook_root(root)
@@ -231,16 +235,16 @@ class OwnershipHooks:
             self._claim_state(optimizer)
 
     @guarded
-    def find_unstepped_optimizers(self) -> None:
-        """An OOM before the first `optimizer.step()` leaves the optimizer unseen by the step
-        hooks; the rules still need to know it (its state is coming). Look for optimizers
-        over the models' parameters once, at the end, only in that case."""
-        if self.optimizers or not self.param_names:
+    def find_unstepped_optimizers(self, after_oom: bool) -> None:
+        """An OOM before an optimizer's first `step()` (the only one, or a GAN's second) leaves it
+        unseen by the step hooks; the rules still need to know it (its state is coming). Look for
+        optimizers over the models' parameters once, at the end, only in that case."""
+        if (self.optimizers and not after_oom) or not self.param_names:
             return
         import gc
         optimizer_type = torch.optim.Optimizer
         for obj in gc.get_objects():     # type(), not isinstance(): touches no lazy attributes
-            if issubclass(type(obj), optimizer_type) and any(
+            if issubclass(type(obj), optimizer_type) and id(obj) not in self.optimizers and any(
                     id(p) in self.param_names for g in obj.param_groups for p in g["params"]):
                 self.adopt_optimizer(obj)
 
@@ -366,6 +370,7 @@ class OwnershipHooks:
         name = self.module_names.get(id(module), type(module).__name__)
         if not self.stack and len(self.recomputed) < 4096:
             self.recomputed.add(name)       # outermost in backward: checkpointing recomputes it
+        self.checkpointed.check(module)
         self.stack.append(name)
         rec = self.rec
         rec.forward_depth += 1
@@ -575,20 +580,6 @@ class OwnershipHooks:
             counts[c.module] = counts.get(c.module, 0) + 1
         top = max(counts, key=counts.get)
         return "forward", [c.mark_start for c in models if c.module == top][1:]
-
-
-def _storage_of(t: torch.Tensor):
-    try:
-        return t.untyped_storage()
-    except Exception:
-        return None
-
-
-def _storage_key(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage()._cdata
-    except Exception:
-        return None
 
 
 _graph_task = torch._C._current_graph_task_id      # -1 outside autograd's engine

@@ -81,7 +81,10 @@ def describe_optimizer(optimizer) -> dict:
     """What the rules need to know: kind, implementation and the bytes it steps."""
     optimizer = inner_optimizer(optimizer)
     defaults = optimizer.defaults
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    everything = [p for g in optimizer.param_groups for p in g["params"]]
+    # a frozen parameter gets no gradient, and optimizers make no state for it (peft's
+    # examples hand a LoRA model's every parameter to AdamW)
+    params = [p for p in everything if p.requires_grad]
     return {
         "class": type(optimizer).__name__,
         "foreach": defaults.get("foreach"),
@@ -92,5 +95,6 @@ def describe_optimizer(optimizer) -> dict:
         "num_params": len(params),
         "param_bytes": sum(p.numel() * p.element_size() for p in params),
         "largest_param_bytes": max((p.numel() * p.element_size() for p in params), default=0),
-        "device": str(params[0].device) if params else "cpu",
+        "frozen_param_bytes": sum(p.numel() * p.element_size() for p in everything if not p.requires_grad),
+        "device": str(everything[0].device) if everything else "cpu",
     }

@@ -152,7 +152,7 @@ class Tracer:
 
     def _build(self, exc, tb, caller) -> None:
         rec = self.recorder
-        self.hooks.find_unstepped_optimizers()
+        self.hooks.find_unstepped_optimizers(isinstance(exc, torch.OutOfMemoryError))
         self.hooks.claim_idle_modules()
         self.hooks.claim_all_state()
         oom_message = str(exc).strip() if isinstance(exc, torch.OutOfMemoryError) else None
@@ -163,6 +163,7 @@ class Tracer:
         rec.run.meta["sliced_inputs"] = self.hooks.sliced_inputs()
         rec.run.meta["block_counts"] = dict(self.hooks.block_counts)
         rec.run.meta["recomputed_in_backward"] = sorted(self.hooks.recomputed)
+        rec.run.meta["checkpointed_in_forward"] = sorted(self.hooks.checkpointed.seen)
         rec.run.meta["frameworks"] = sorted(self.hooks.frameworks)
         rec.run.meta["ddp"] = list(self.hooks.ddp)
         rec.run.meta["steps_from"], starts = self.hooks.step_starts()
@@ -242,17 +243,26 @@ def _backward_cut_short(run: Run) -> tuple[int, int] | None:
     return after, began
 
 
+def _model_of(call: dict):
+    return call.get("model", -1) if call.get("model", -1) != -1 else call.get("module")
+
+
 def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     """Forward passes that built a graph nobody back-propagated keep their saved tensors for
     nothing. A pass needs grad mode on and an output carrying a graph (under no_grad, or a
     transform on plain data, nothing is kept). When the run ends in an OOM, the passes
     since the last back-propagated one may still get their backward: those in training
-    mode (micro-batches whose losses are summed before one backward) do not count; those in
-    eval mode do (the classic validation loop without no_grad), the one cut short too.
+    mode (micro-batches whose losses are summed before one backward), and those in training
+    mode since the last back-propagated pass of their own model (a GAN's generator, whose
+    backward comes through the discriminator's later pass) do not count; those in eval mode do (the classic validation loop without no_grad), the one cut short too.
     Linear: the passes' ranges are sorted, each event a bisection."""
     calls = run.meta.get("forward_calls", [])
     last_backward = max((i for i, c in enumerate(calls) if c["backward"]), default=-1)
     cut = _backward_cut_short(run) if ended_in_oom else None
+    last_of_model = {}
+    for i, c in enumerate(calls):
+        if c["backward"]:
+            last_of_model[_model_of(c)] = i
     ranges = []
     for i, c in enumerate(calls):
         if c["backward"] or not c["grad_enabled"]:
@@ -260,6 +270,8 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
         cut_short = i == len(calls) - 1 and ended_in_oom
         if ended_in_oom and i > last_backward and c["training"]:
             continue            # a training forward the OOM came before its backward
+        if ended_in_oom and c["training"] and i > last_of_model.get(_model_of(c), -1):
+            continue            # its model's last pass: its output may feed a later pass whose backward reaches it (a GAN's G(z))
         if cut is not None and c["training"] and cut[0] <= c["seq_start"] < cut[1]:
             continue            # a training forward whose backward the OOM cut short before reaching it
         if not cut_short and not c.get("graph", True):

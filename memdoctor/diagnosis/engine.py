@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from memdoctor.diagnosis.base import Finding, fits
+from memdoctor.diagnosis.base import FREE_FIX, PARTIAL, Finding, fits
 from memdoctor.diagnosis.facts import Facts
 from memdoctor.diagnosis.registry import FALLBACK, RULES, load
 from memdoctor.diagnosis.sources import attach_sources
@@ -30,6 +30,9 @@ def diagnose(facts: Facts, select: list[str] | None = None) -> list[Finding]:
     for finding in findings:
         _add_pending_state(finding, facts)
         _add_forward_rest(finding, facts)
+        _fitting_first(finding, facts)
+        if finding.tier == FREE_FIX and finding.fits_after_fix is False:
+            finding.tier = PARTIAL      # what the fixed run makes later still leaves it out of memory
     attach_sources(findings, facts)
     _in_framework_terms(findings, facts)
     return rank(findings)
@@ -80,6 +83,13 @@ def _add_forward_rest(finding: Finding, facts: Facts) -> None:
         finding.fits_after_fix = fits(facts, min(predicted))
     if facts.forward_rest_note and facts.forward_rest_note not in finding.evidence:
         finding.evidence.append(facts.forward_rest_note)
+
+
+def _fitting_first(finding: Finding, facts: Facts) -> None:
+    """A finding's fixes predicted to fit come first, each group in the rule's own order
+    (checkpointing a flat stack of single layers keeps each layer's input: micro-batches
+    then fit where it does not)."""
+    finding.remedies.sort(key=lambda r: fits(facts, r.predicted_peak_bytes) is False)
 
 
 def rank(findings: list[Finding]) -> list[Finding]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memdoctor.attribution import Breakdown, breakdown_at, peak, per_step
+from memdoctor.diagnosis.forward_cut import forward_rest, step_held
 from memdoctor.run import Block, Category, Phase, Run
 from memdoctor.units import format_bytes
 
@@ -138,6 +139,29 @@ class Facts:
         return (self.optimizer or {}).get("param_bytes", 0)
 
 
+def _state_per_byte(o: dict) -> float:
+    """Bytes of state an optimizer keeps per byte of parameters it steps, once it has stepped."""
+    if o["class"] == "SGD":
+        return 1.0 if o.get("momentum") else 0.0
+    if o["class"] == "LBFGS":       # history_size pairs of flat vectors, and a few more
+        return 2.0 * (o.get("history_size") or 100) + 3
+    return STATE_PER_PARAM_BYTE.get(o["class"], 0.0)
+
+
+def _all_optimizers(optimizers: list[dict]) -> dict:
+    """The optimizers of a run as one (a GAN's two, an encoder's and a decoder's): the first's
+    kind, every one's parameters."""
+    if len(optimizers) == 1:
+        return optimizers[0]
+    merged = dict(optimizers[0])
+    classes = sorted({o["class"] for o in optimizers})
+    merged["class"] = classes[0] if len(classes) == 1 else " and ".join(classes)
+    for key in ("num_params", "param_bytes", "frozen_param_bytes"):
+        merged[key] = sum(o.get(key) or 0 for o in optimizers)
+    merged["largest_param_bytes"] = max(o.get("largest_param_bytes") or 0 for o in optimizers)
+    return merged
+
+
 def _running_call(run: Run, seq: int) -> dict | None:
     """The outermost forward call in progress at event `seq`, if any."""
     if not run.marks:
@@ -154,80 +178,6 @@ def _grad_mode_at(run: Run, seq: int) -> bool | None:
     (None: no forward call was): under no_grad nothing it makes is saved for backward."""
     call = _running_call(run, seq)
     return bool(call.get("grad_enabled", True)) if call else None
-
-
-def _step_held(f: Facts) -> int:
-    """An OOM in a training step's forward or backward: what this step's passes made and still
-    hold without a saved-tensor hook seeing it saved (kept by a checkpoint's policy or a custom
-    Function's ctx, recomputed by checkpointing in backward, gradients of activations, the op in
-    flight). It grows with the batch as saved activations do."""
-    passes = (Phase.FORWARD.value, Phase.BACKWARD.value)
-    if f.oom_phase not in passes:
-        return 0
-    if f.oom_phase == Phase.FORWARD.value and not f.oom_in_training_forward:
-        return 0
-    return sum(b.nbytes for b in f.focus_blocks if b.category == TMP and b.step == f.focus.step and b.phase in passes)
-
-
-def _forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
-    """An OOM inside block k of a training forward's n repeated blocks (`blocks.k`): blocks
-    k+1..n-1 have not run, and would each save about what the largest finished block of the
-    list saved (the OOM's own block, request included, where none had finished). A fix
-    predicted from the tensors alive at the OOM must carry them too, or it is told "fits" where
-    the rest of the forward runs out."""
-    if not f.oom_in_training_forward:
-        return 0, None
-    forward = Phase.FORWARD.value
-    counts = run.meta.get("block_counts") or {}
-    container, at = _oom_block(f, counts)
-    total = counts.get(container, 0) if container is not None else 0
-    if total < 2 or at >= total:
-        return 0, None
-    saved: dict[int, int] = {}
-    for b in f.focus_blocks:
-        index = _block_index(b.module, container)
-        if index is not None and b.category in (ACT, TMP) and b.step == f.focus.step and b.phase == forward:
-            saved[index] = saved.get(index, 0) + b.nbytes
-    own = saved.get(at, 0) + (f.requested_bytes or 0)
-    largest = max((i for i in range(at) if saved.get(i)), key=saved.__getitem__, default=None)
-    per_block = saved[largest] if largest is not None else own
-    rest = max(per_block - own, 0) + per_block * (total - at - 1)
-    if not rest:
-        return 0, None
-
-    def block(i: int) -> str:
-        return f"{container}.{i}" if container else f"the model's child {i}"
-    return rest, (f"the OOM came in {block(at)}, block {at + 1} of {total}: the rest of the forward would "
-                  f"save about {format_bytes(rest)} more ({format_bytes(per_block)} a block, as "
-                  f"{block(largest if largest is not None else at)} saved"
-                  + (" so far" if largest is None else "") + "), counted in the predicted peaks")
-
-
-def _oom_block(f: Facts, counts: dict[str, int]) -> tuple[str | None, int]:
-    """The list of blocks and the block the OOM came in: named by the OOM's module where it is
-    one of them (the dispatch source knows the innermost module), else the block that made the
-    latest of this forward's tensors still alive (the allocator source knows the outermost)."""
-    parts = (f.oom_module or "").split(".")
-    cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
-    if cut is not None and ".".join(parts[:cut]) in counts:
-        return ".".join(parts[:cut]), int(parts[cut])
-    latest, found = -1, (None, 0)
-    for b in f.focus_blocks:
-        if b.step != f.focus.step or b.phase != Phase.FORWARD.value or b.alloc_seq <= latest:
-            continue
-        for container in counts:
-            index = _block_index(b.module, container)
-            if index is not None:
-                latest, found = b.alloc_seq, (container, index)
-    return found
-
-
-def _block_index(module: str | None, container: str) -> int | None:
-    """Which block of the list at `container` ("" for the root) `module` is in, if any."""
-    if not module or (container and not module.startswith(container + ".")):
-        return None
-    first = module[len(container) + 1:].split(".")[0] if container else module.split(".")[0]
-    return int(first) if first.isdigit() else None
 
 
 def _pending_passes(run: Run) -> tuple[int, int | None]:
@@ -292,13 +242,8 @@ def facts_from_run(run: Run) -> Facts:
                               if c.get("phase") == nob and c.get("params", True))
     optimizers = run.meta.get("optimizers") or []
     if optimizers:
-        f.optimizer = optimizers[0]
-        per_byte = STATE_PER_PARAM_BYTE.get(f.optimizer["class"], 0.0)
-        if f.optimizer["class"] == "SGD" and f.optimizer.get("momentum"):
-            per_byte = 1.0
-        if f.optimizer["class"] == "LBFGS":     # history_size pairs of flat vectors, and a few more
-            per_byte = 2.0 * (f.optimizer.get("history_size") or 100) + 3
-        f.state_bytes_full = int(sum(o["param_bytes"] for o in optimizers) * per_byte)
+        f.optimizer = _all_optimizers(optimizers)
+        f.state_bytes_full = int(sum(o["param_bytes"] * _state_per_byte(o) for o in optimizers))
     f.optimizer_temporaries = sum(b.nbytes for b in f.focus_blocks
                                   if b.phase == Phase.OPTIMIZER.value and b.category == TMP)
     if f.oom and f.oom_phase == Phase.OPTIMIZER.value:
@@ -315,8 +260,8 @@ def facts_from_run(run: Run) -> Facts:
         call = _running_call(run, run.ooms[0].seq)
         f.oom_in_training_forward = bool(f.oom_phase == Phase.FORWARD.value and call and call.get("training")
                                          and call.get("grad_enabled"))
-        f.forward_rest_bytes, f.forward_rest_note = _forward_rest(f, run)
-        f.step_held_bytes = _step_held(f)
+        f.forward_rest_bytes, f.forward_rest_note = forward_rest(f, run)
+        f.step_held_bytes = step_held(f)
     nvml = run.device.get("nvml_at_oom") or run.device.get("nvml") or {}
     if nvml.get("available"):
         others = [p for p in nvml.get("processes", []) if not p.get("is_self")]

@@ -26,8 +26,8 @@ Fix
     Where one module saves at least 80% (a recurrent layer over a long sequence), no
     checkpointing is offered: recomputing that module brings its saved tensors back whole;
     where most of it is saved in 16 bits already (autocast on), or in float64 (which autocast
-    leaves alone), no bf16 autocast; where backward recomputed modules (checkpointing on
-    already), no checkpointing.
+    leaves alone), no bf16 autocast; where backward recomputed modules, or blocks ran inside
+    torch.utils.checkpoint (checkpointing on already), no checkpointing.
     An OOM in block k of n repeated blocks of a training forward: the blocks after it are
     counted as saving what the largest finished one saved, in every predicted peak.
 Known limits
@@ -44,6 +44,11 @@ ID = "activations"
 SHARE = 0.35
 ONE_SAVER = 0.8     # one module saving this share of it: checkpointing cannot split it
 HALF = ("bfloat16", "float16")
+FP32_OPS = frozenset((      # aten ops whose outputs CUDA autocast keeps in fp32, leading "_" dropped
+    "softmax", "log_softmax", "native_layer_norm", "layer_norm", "rms_norm", "fused_rms_norm", "native_group_norm",
+    "group_norm", "exp", "expm1", "log", "log1p", "log2", "log10", "pow", "rsqrt", "reciprocal", "softplus",
+    "logsumexp", "sum", "cumsum", "prod", "norm", "linalg_vector_norm", "nll_loss", "nll_loss2d", "mse_loss",
+    "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "binary_cross_entropy_with_logits", "cosine_similarity"))
 
 
 def check(f: Facts) -> Finding | None:
@@ -59,6 +64,10 @@ def check(f: Facts) -> Finding | None:
     scaling = acts + _step_temporaries(f) + (f.requested_bytes or 0 if f.oom and f.oom_phase != "forward" else 0)
     fixed = max(live - scaling, 0)
     scaling += f.forward_rest_bytes         # the blocks an OOM in the forward left unrun save as much again
+    if f.oom_in_training_forward:
+        # backward starts by making the gradients of the last op's output and input while all
+        # that was saved is alive: bounded by twice the largest saved tensor (a head's logits)
+        scaling += 2 * max(_largest_saved(f), f.requested_bytes or 0)
     modules = _top_modules(f)
     evidence = [f"{format_bytes(acts)} saved for backward in step {f.focus.step}, "
                 f"{100 * acts / live:.0f}% of {format_bytes(live)}"
@@ -72,10 +81,7 @@ def check(f: Facts) -> Finding | None:
         evidence.append(f.forward_rest_note)
     if modules:
         evidence.append("largest savers: " + ", ".join(f"{m} {format_bytes(n)}" for m, n in modules))
-    blocks = _block_activations(f)
-    # checkpointed: each block's input stays (and what runs outside the blocks); backward
-    # recomputes one block at a time, whose gradients come and go one tensor at a time
-    ckpt_full = fixed + max(blocks.values()) + scaling // 8 if len(blocks) >= 2 else fixed + scaling // 4
+    ckpt_full = _full_checkpointing_peak(f, fixed, scaling)
     remedies = [
         Remedy("activation checkpointing per block", "Plan(checkpointing='full'): keep block inputs only, recompute in backward",
                ckpt_full, "ckpt=full"),
@@ -84,7 +90,7 @@ def check(f: Facts) -> Finding | None:
         Remedy("micro-batches of a quarter", "Plan(micro_batch='auto') with gradient accumulation: same effective batch",
                fixed + scaling // 4, "micro=auto"),
         Remedy("bf16 autocast", "Plan(precision='bf16'): activations in 16 bits",
-               fixed + scaling // 2, "bf16"),
+               fixed + int(scaling * (1 + _kept_in_fp32(f)) / 2), "bf16"),
     ]
     saved = [b for b in f.focus_blocks if b.category == "activations" and _this_step(f, b)]
     half = sum(b.nbytes for b in saved if b.dtype in HALF)
@@ -100,9 +106,11 @@ def check(f: Facts) -> Finding | None:
                         "does not cast (the model's own dtype, `model.float()`, would halve it)")
         remedies = [r for r in remedies if r.plan != "bf16"]
     recomputed = (f.run.meta.get("recomputed_in_backward") or []) if f.run else []
-    if recomputed:
+    in_checkpoint = (f.run.meta.get("checkpointed_in_forward") or []) if f.run else []
+    if recomputed or in_checkpoint:
         # checkpointing is on already: what is left is fewer rows at a time (or 16 bits)
-        evidence.append(f"checkpointed already: backward recomputed {_names(recomputed)}")
+        evidence.append(f"checkpointed already: backward recomputed {_names(recomputed)}" if recomputed else
+                        f"checkpointed already: {_names(in_checkpoint)} ran inside torch.utils.checkpoint")
         remedies = [r for r in remedies if not (r.plan or "").startswith("ckpt")]
     if modules and modules[0][1] >= ONE_SAVER * acts:
         # one module (a recurrent layer over a long sequence, a loss outside any module) saves
@@ -152,20 +160,75 @@ def _this_step(f: Facts, b) -> bool:
     return b.step == f.focus.step or (f.pending_from_seq is not None and b.alloc_seq >= f.pending_from_seq)
 
 
-def _block_activations(f: Facts) -> dict[str, int]:
-    """Saved bytes per repeated block: modules grouped by their path up to the first index
-    ("blocks.3.attn" -> "blocks.3")."""
-    by: dict[str, int] = {}
+def _block_of(module: str | None) -> str | None:
+    """The repeated block a module is in: its path up to the first index ("blocks.3.attn" ->
+    "blocks.3"), None outside any."""
+    parts = (module or "").split(".")
+    cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    return None if cut is None else ".".join(parts[:cut + 1])
+
+
+def _kept_in_fp32(f: Facts) -> float:
+    """The share of this step's saved and in-flight bytes that autocast leaves in fp32: the
+    outputs (and gradients) of softmax, normalizations, exp/log/pow and the losses, which CUDA
+    autocast runs in fp32 (memdoctor.predict.cuda_autocast lists them)."""
+    kept = total = 0
     for b in f.focus_blocks:
-        if b.category != "activations" or not _this_step(f, b) or not b.module:
-            continue
-        parts = b.module.split(".")
-        cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
-        if cut is None:
-            continue
-        key = ".".join(parts[:cut + 1])
-        by[key] = by.get(key, 0) + b.nbytes
-    return by
+        if b.category in ("activations", "temporaries") and b.step == f.focus.step and b.phase in ("forward", "backward"):
+            total += b.nbytes
+            op = b.name.removeprefix("aten.").split(".")[0].lstrip("_")
+            if op.removesuffix("_backward_data").removesuffix("_backward").removesuffix("_forward") in FP32_OPS:
+                kept += b.nbytes
+    return kept / total if total else 0.0
+
+
+def _largest_saved(f: Facts) -> int:
+    return max((b.nbytes for b in f.focus_blocks if b.category == "activations" and _this_step(f, b)), default=0)
+
+
+def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
+    """The peak with each repeated block checkpointed. The forward keeps each block's input
+    (the size of the tensor a block makes last and something saves: its output, which the
+    next block keeps) and what is saved outside the blocks (a head, a loss); backward first
+    runs back through those, with their gradients (what is in flight there, or twice the
+    largest of them where backward has not run yet), then recomputes one block at a time and,
+    going back through it, holds its saved tensors and the gradient of the largest of them.
+    With fewer than two blocks found: a quarter of the working set."""
+    counts = (f.run.meta.get("block_counts") or {}) if f.run else {}
+
+    def in_blocks(module: str | None) -> str | None:
+        key = _block_of(module)
+        return None if key is None or (counts and key.rpartition(".")[0] not in counts) else key
+    saved: dict[str, list] = {}
+    outside, outside_largest = 0, 0
+    kept = {"forward": 0, "backward": 0}         # made outside the blocks, not saved: outputs, gradients
+    for b in f.focus_blocks:
+        key = in_blocks(b.module)
+        if b.category == "activations" and _this_step(f, b):
+            if key is None:
+                outside += b.nbytes
+                outside_largest = max(outside_largest, b.nbytes)
+            else:
+                saved.setdefault(key, []).append(b)
+        elif key is None and b.category == "temporaries" and b.step == f.focus.step and b.phase in kept:
+            kept[b.phase] += b.nbytes
+    if len(saved) < 2:
+        return fixed + scaling // 4
+    request = f.requested_bytes or 0 if f.oom and in_blocks(f.oom_module) is None else 0
+    if f.oom_phase == "forward":
+        kept["forward"] += request      # the output asked for: saved, or handed on
+        outside_largest = max(outside_largest, request)
+    else:
+        kept["backward"] += request
+    # going back through the head: what it keeps, and the gradients in flight there (at least
+    # those of its largest saved tensor's output and input, where backward has not got that far)
+    outside_work = kept["forward"] + max(kept["backward"], 2 * outside_largest)
+    largest = max(saved.values(), key=lambda bs: sum(b.nbytes for b in bs))
+    block_input = max(largest, key=lambda b: b.alloc_seq).nbytes
+    lists = {key.rpartition(".")[0] for key in saved}
+    n_blocks = sum(max(counts.get(c, 0), sum(1 for k in saved if k.rpartition(".")[0] == c)) for c in lists)
+    block_backward = sum(b.nbytes for b in largest) + max(b.nbytes for b in largest)
+    return fixed + outside + n_blocks * block_input + max(outside_work, block_backward)
 
 
 def _top_modules(f: Facts, limit: int = 4) -> list[tuple[str, int]]:

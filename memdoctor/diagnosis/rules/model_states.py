@@ -33,6 +33,13 @@ from memdoctor.diagnosis.facts import Facts
 
 ID = "model-states"
 SHARE = 0.5
+FROZEN = 0.25           # frozen weights this share of all: a fine-tune of a frozen base
+NEGLIGIBLE = 0.01       # a remedy saving under this share of the model states is left out
+
+
+def _mostly_fp32(f: Facts) -> bool:
+    weights = [b for b in f.focus_blocks if b.category == "weights"]
+    return 2 * sum(b.nbytes for b in weights if b.dtype == "float32") >= sum(b.nbytes for b in weights)
 
 
 def check(f: Facts) -> Finding | None:
@@ -94,6 +101,15 @@ def check(f: Facts) -> Finding | None:
                            base + (grads + state) // 2, "zero=2"))
     remedies.append(Remedy("ZeRO-3 over 2 ranks", "Plan(zero=3): parameters sharded as well, gathered per layer",
                            other + (weights + grads + state) // 2, "zero=3"))
+    frozen = max(weights - params, 0) if f.optimizer else 0
+    if frozen >= FROZEN * weights and _mostly_fp32(f):
+        # a fine-tune's frozen base (LoRA, a frozen backbone) is most of it: it needs no fp32 copy
+        evidence.append(f"{format_bytes(frozen)} of the weights get no gradient (frozen)")
+        remedies.append(Remedy("frozen weights in bf16", "cast the frozen modules to bf16 (or load the base model "
+                               "with dtype=torch.bfloat16), keeping the trained parameters in fp32 and the forward under bf16 autocast",
+                               base - frozen // 2 + grads + state, None))
+    # a fix that saves next to nothing is no fix (8-bit moments of a head's few parameters)
+    remedies = [r for r in remedies if r.predicted_peak_bytes < base + grads + state - NEGLIGIBLE * states]
     if idle >= 0.1 * weights:
         # copies of the model that never run here (EMA, a teacher): they can wait on the host
         evidence.append(f"{format_bytes(idle)} of the weights are in modules never called while tracing "
@@ -101,6 +117,8 @@ def check(f: Facts) -> Finding | None:
         remedies.append(Remedy("keep the idle copies on the host", "move the modules that only get updated "
                                "(EMA) or run later to the CPU, and back when they are used",
                                base - idle + grads + state, None))
+    if not remedies:
+        return None
     best = min(r.predicted_peak_bytes for r in remedies)
     return Finding(ID, f"model states take {format_bytes(states)} of the {format_bytes(f.limit_bytes)} limit",
                    states, evidence, remedies, STRUCTURAL, fits(f, best),

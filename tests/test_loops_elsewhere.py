@@ -1,0 +1,91 @@
+"""Training loops shaped as public code writes them, where a diagnosis once went wrong: a GAN
+(two models, two optimizers, G back-propagated through D's later pass), a frozen backbone
+whose every parameter is handed to AdamW (peft's examples), an LM whose head and loss hold
+more than its blocks, a flat stack of single layers. Bytes are checked against counts made
+here and predicted peaks against what `--try` measures."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+
+
+def _memdoctor(*args, cwd) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "memdoctor", *map(str, args)], capture_output=True, text=True,
+                          timeout=600, cwd=cwd)
+    assert proc.returncode in (0, 3), proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _linear(i: int, o: int, bias: bool = True) -> int:
+    return i * o + (o if bias else 0)
+
+
+def test_a_gan_step_is_no_evaluation_and_both_optimizers_states_count(tmp_path):
+    out = _memdoctor("diagnose", SCENARIOS / "gan_two_optimizers.py", "--budget", "56MiB", "--json", cwd=tmp_path)
+    rules = [f["rule"] for f in out["findings"]]
+    assert "eval-without-no-grad" not in rules, rules       # G(z) is back-propagated through D(fake)
+    params = (_linear(64, 1024) + _linear(1024, 1024) + _linear(1024, 784)          # G
+              + _linear(784, 1024) + _linear(1024, 1024) + _linear(1024, 1))        # D
+    assert rules[0] == "model-states", rules
+    # fp32 weights, gradients and Adam's two moments, of both models, though G's optimizer had
+    # not stepped in the step that ran out
+    assert out["findings"][0]["accounts_for_bytes"] == 16 * params
+    fits = _memdoctor("diagnose", SCENARIOS / "gan_two_optimizers.py", "--budget", "1GiB", "--json", cwd=tmp_path)
+    assert not fits["oom"] and fits["findings"] == []
+
+
+def test_frozen_parameters_handed_to_the_optimizer_change_nothing(tmp_path):
+    script = SCENARIOS / "frozen_backbone.py"
+    every = _memdoctor("diagnose", script, "--budget", "40MiB", "--json", "--", "all", cwd=tmp_path)
+    head_only = _memdoctor("diagnose", script, "--budget", "40MiB", "--json", "--", "head", cwd=tmp_path)
+    assert every["findings"] == head_only["findings"]
+    first = every["findings"][0]
+    weights = 4 * (4 * (_linear(512, 2048) + _linear(2048, 512)) + _linear(512, 10))
+    trained = 4 * _linear(512, 10)
+    assert first["rule"] == "model-states"
+    assert first["accounts_for_bytes"] == weights + 3 * trained       # a gradient and two moments, the head's
+    plans = [r["plan"] for r in first["remedies"]]
+    assert "opt=adamw-8bit" not in plans and "zero=2" not in plans     # they save next to nothing here
+    assert any(r["title"] == "frozen weights in bf16" for r in first["remedies"])
+
+
+@pytest.mark.parametrize("budget", ["180MiB", "120MiB"])      # out in backward at the head, in steps 1 and 0
+def test_checkpointing_is_predicted_with_the_head_it_leaves(budget, tmp_path):
+    script = SCENARIOS / "head_outside_blocks.py"
+    out = _memdoctor("diagnose", script, "--budget", budget, "--json", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "activations"
+    predicted = next(r["predicted_peak_bytes"] for r in first["remedies"] if r["plan"] == "ckpt=full")
+    real = _memdoctor("diagnose", script, "--budget", "1GiB", "--try", "ckpt=full", "--json",
+                      cwd=tmp_path)["after"]["peak_bytes"]
+    assert real <= predicted <= 1.12 * real, (predicted, real)
+
+
+def test_a_flat_stack_of_single_layers_lists_the_fixes_that_fit_first(tmp_path):
+    """Checkpointing a flat nn.Sequential keeps each segment's input: little is saved, and the
+    run still runs out; micro-batches fit."""
+    script = SCENARIOS / "activations_deep_batch.py"
+    out = _memdoctor("diagnose", script, "--budget", "128MiB", "--json", cwd=tmp_path)
+    remedies = {r["plan"]: r for r in out["findings"][0]["remedies"]}
+    assert out["findings"][0]["remedies"][0]["plan"] == "micro=auto"
+    assert remedies["ckpt=full"]["predicted_peak_bytes"] > out["budget_bytes"]
+    tried = _memdoctor("diagnose", script, "--budget", "128MiB", "--try", "ckpt=full", "--json", cwd=tmp_path)
+    assert tried["after"]["oom"]
+
+
+@pytest.mark.parametrize("mode, budget", [("non-reentrant", "100MiB"), ("reentrant", "100MiB"),
+                                          ("transformers", "40MiB")])
+def test_checkpointing_the_model_turned_on_itself_is_seen_in_the_first_forward(mode, budget, tmp_path):
+    if mode == "transformers":
+        pytest.importorskip("transformers")
+    out = _memdoctor("diagnose", SCENARIOS / "checkpointed_blocks.py", "--budget", budget, "--json", "--", mode,
+                     cwd=tmp_path)
+    assert out["ooms"][0]["phase"] == "forward" and out["ooms"][0]["step"] == 0
+    first = out["findings"][0]
+    assert first["rule"] == "activations"
+    assert any(e.startswith("checkpointed already") for e in first["evidence"]), first["evidence"]
+    assert not [r for r in first["remedies"] if (r["plan"] or "").startswith("ckpt")], first["remedies"]
