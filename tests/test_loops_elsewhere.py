@@ -89,3 +89,25 @@ def test_checkpointing_the_model_turned_on_itself_is_seen_in_the_first_forward(m
     assert first["rule"] == "activations"
     assert any(e.startswith("checkpointed already") for e in first["evidence"]), first["evidence"]
     assert not [r for r in first["remedies"] if (r["plan"] or "").startswith("ckpt")], first["remedies"]
+
+
+def test_passes_of_one_model_from_several_lines_share_one_loss(tmp_path):
+    """A triplet loss over three calls of one embedding net: their graphs wait for one backward,
+    but no pass has a loss of its own, so no backward per pass is offered (a loop over
+    micro-batches summing their losses gets one: tests/test_rules.py)."""
+    out = _memdoctor("diagnose", SCENARIOS / "triplet_one_loss.py", "--budget", "120MiB", "--json", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "activations"
+    assert any("called from different lines" in e for e in first["evidence"]), first["evidence"]
+    assert "backward per micro-batch" not in [r["title"] for r in first["remedies"]]
+
+
+def test_a_leak_through_kept_graphs_names_the_list_that_holds_the_graphs(tmp_path):
+    """Of two loss histories, the one whose losses kept their graphs (retain_graph=True) holds
+    the leak; the other's losses hold 4 bytes each. Each list holds scalars directly, so the
+    line is found through what their graphs save."""
+    out = _memdoctor("diagnose", SCENARIOS / "leak_through_retained_graph.py", "--budget", "40MiB", "--json",
+                     cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "leak"
+    assert first["source"]["text"] == "aux_losses.append(loss_aux)", first["source"]

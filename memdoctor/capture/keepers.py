@@ -141,8 +141,9 @@ def _method_adding_line(owner, attr: str) -> tuple[str, int, str] | None:
 
 def _storages(container) -> list[tuple[int, int]]:
     """(storage key, data_ptr) of the tensors in a container, one level of nesting deep
-    (a list of tuples, a dict of lists)."""
+    (a list of tuples, a dict of lists), and of what their autograd graphs still save."""
     out: list[tuple[int, int]] = []
+    budget = [GRAPH_NODES_CAP]
 
     def items(c):
         values = c.values() if isinstance(c, dict) else c
@@ -166,6 +167,43 @@ def _storages(container) -> list[tuple[int, int]]:
                 out.append((s._cdata, s.data_ptr()))
             except Exception:
                 continue
+            if t.grad_fn is not None and budget[0] > 0:
+                out += _graph_storages(t.grad_fn, budget)
+    return out
+
+
+GRAPH_NODES_CAP = 20_000       # autograd nodes walked per container
+_saved_names: dict[type, list[str]] = {}
+
+
+def _graph_storages(root, budget: list[int]) -> list[tuple[int, int]]:
+    """(storage key, data_ptr) of the tensors a kept tensor's autograd graph saved for a
+    backward that has not freed them (a loss of an evaluation without no_grad, a graph kept
+    by retain_graph=True): a list of such losses holds their activations, not 4 bytes each."""
+    out: list[tuple[int, int]] = []
+    seen, todo = {id(root)}, [root]
+    while todo and budget[0] > 0:
+        node = todo.pop()
+        budget[0] -= 1
+        kind = type(node)
+        if kind not in _saved_names:
+            _saved_names[kind] = [n for n in dir(node) if n.startswith("_saved_")]
+        for name in _saved_names[kind]:
+            try:
+                value = getattr(node, name)
+            except Exception:           # freed by a backward: the graph keeps nothing
+                continue
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter):
+                    try:
+                        s = v.untyped_storage()
+                        out.append((s._cdata, s.data_ptr()))
+                    except Exception:
+                        continue
+        for child, _ in getattr(node, "next_functions", ()):
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                todo.append(child)
     return out
 
 

@@ -43,6 +43,7 @@ class Facts:
     pending_passes: int = 0                       # training passes since the last backward, at an OOM
     pending_activations: int = 0                  # and what they saved for it
     pending_from_seq: int | None = None           # the event where the first of them began
+    pending_from_one_line: bool = False           # all made by one line of code (a loop over micro-batches)
     focus: Breakdown | None = None                # at the OOM, else at the peak
     focus_blocks: list[Block] = field(default_factory=list)
     peak_bytes: int = 0
@@ -180,11 +181,11 @@ def _grad_mode_at(run: Run, seq: int) -> bool | None:
     return bool(call.get("grad_enabled", True)) if call else None
 
 
-def _pending_passes(run: Run) -> tuple[int, int | None]:
+def _pending_passes(run: Run) -> tuple[int, int | None, bool]:
     """At an OOM: the calls of one model in training mode with grad on since the last call
     that was back-propagated (their backward has not come yet), of the model called most
-    often there, and the event where the first of them began. Micro-batches whose losses
-    are summed call one model several times; separate models called once each (two towers
+    often there, the event where the first of them began, and whether one line of code made
+    them all (a loop). Micro-batches whose losses are summed call one model several times; separate models called once each (two towers
     of a contrastive loss, an embedding then a recurrent layer) are one pass each."""
     if not run.ooms:
         return 0, None
@@ -197,7 +198,8 @@ def _pending_passes(run: Run) -> tuple[int, int | None]:
             by_model.setdefault(model if type(model) is int and model >= 0 else c.get("module"), []).append(c)
     pending = max(by_model.values(), key=len, default=[])
     starts = [c["seq_start"] for c in pending if type(c.get("seq_start")) is int]
-    return len(pending), (min(starts) if starts else None)
+    sites = {tuple(c["site"]) if isinstance(c.get("site"), list) else None for c in pending}
+    return len(pending), (min(starts) if starts else None), len(sites) == 1 and None not in sites
 
 
 def facts_from_run(run: Run) -> Facts:
@@ -224,7 +226,7 @@ def facts_from_run(run: Run) -> Facts:
     f.steps = per_step(run)
     f.steps_from = run.meta.get("steps_from", "optimizer")
     f.growth_per_step = _kept_growth(run, f.steps)
-    f.pending_passes, pending_seq = _pending_passes(run)
+    f.pending_passes, pending_seq, f.pending_from_one_line = _pending_passes(run)
     # what the passes still awaiting their backward saved for it is no leak, whatever the steps
     awaiting = set()
     if f.pending_passes >= 2 and pending_seq is not None:

@@ -20,9 +20,11 @@ Example
 Fix
     Checkpoint the repeated blocks, split the batch into micro-batches with gradient
     accumulation (the effective batch stays), or train in bf16 autocast. Where several
-    training passes of one model wait for one backward (their losses summed first),
-    back-propagate each; passes of different models (two towers, a GAN's generator and
-    discriminator) called once each are no such case.
+    training passes of one model, called from one line (a loop over micro-batches), wait for
+    one backward (their losses summed first), back-propagate each; passes called from
+    different lines (a triplet loss over three calls, chained generators) share one loss, and
+    passes of different models called once each (two towers, a GAN's generator and
+    discriminator) are no such case.
     Where one module saves at least 80% (a recurrent layer over a long sequence), no
     checkpointing is offered: recomputing that module brings its saved tensors back whole;
     where most of it is saved in 16 bits already (autocast on), or in float64 (which autocast
@@ -118,10 +120,15 @@ def check(f: Facts) -> Finding | None:
         evidence.append(f"{modules[0][0]} alone saves {100 * modules[0][1] / acts:.0f}% of it: checkpointing "
                         f"would recompute it whole in backward, so fewer rows (or shorter sequences) at a time it is")
         remedies = [r for r in remedies if not (r.plan or "").startswith("ckpt")]
-    if f.pending_passes >= 2 and f.pending_activations * 2 >= acts:
+    if f.pending_passes >= 2 and f.pending_activations * 2 >= acts and not f.pending_from_one_line:
+        # one model called from several lines, one loss over their outputs (a triplet or siamese
+        # loss, CycleGAN's chained generators): no pass has a loss of its own to back-propagate
+        evidence.append(f"{f.pending_passes} training passes of one model, called from different lines, ran since "
+                        f"the last backward and all their graphs wait for it")
+    if f.pending_passes >= 2 and f.pending_activations * 2 >= acts and f.pending_from_one_line:
         # many passes' graphs wait for one backward: gradient accumulation done by summing losses
-        evidence.append(f"{f.pending_passes} training passes of one model ran since the last backward and all "
-                        f"their graphs wait for one (losses summed before `.backward()`)")
+        evidence.append(f"{f.pending_passes} training passes of one model, called from one line, ran since the last "
+                        f"backward and all their graphs wait for one (losses summed before `.backward()`)")
         pending = f.pending_activations
         remedies.insert(0, Remedy("backward per micro-batch",
                                   "call `(loss / steps).backward()` after each forward instead of summing the "
