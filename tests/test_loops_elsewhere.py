@@ -111,3 +111,19 @@ def test_a_leak_through_kept_graphs_names_the_list_that_holds_the_graphs(tmp_pat
     first = out["findings"][0]
     assert first["rule"] == "leak"
     assert first["source"]["text"] == "aux_losses.append(loss_aux)", first["source"]
+
+
+@pytest.mark.parametrize("backbone", ["frozen", "nograd"])
+def test_a_frozen_backbones_forward_is_its_working_set_not_saved_activations(backbone, tmp_path):
+    """A backbone that saves nothing (no parameter of it trains; or run under no_grad): what its
+    blocks hold at the OOM is their ops' working set, gone as each ends, and checkpointing it
+    changes nothing. A quarter of the batch is predicted from above."""
+    script = SCENARIOS / "frozen_backbone.py"
+    args = ["head"] + (["nograd"] if backbone == "nograd" else [])
+    out = _memdoctor("diagnose", script, "--budget", "68MiB", "--json", "--", *args, cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "working-set", [f["rule"] for f in out["findings"]]
+    assert not [r for r in first["remedies"] if (r["plan"] or "").startswith("ckpt")]
+    quarter = next(r["predicted_peak_bytes"] for r in first["remedies"] if r["plan"] == "micro=auto")
+    real = _memdoctor("trace", script, "--json", "--", *args, "512", cwd=tmp_path)["peak_bytes"]
+    assert real <= quarter <= 1.2 * real, (quarter, real)

@@ -17,7 +17,7 @@ RULES: dict[str, str] = {
     "model-states": "model_states",
     "activations": "activations",
 }
-FALLBACK = {"device-full": "device_full"}
+FALLBACK = {"device-full": "device_full", "working-set": "working_set"}
 
 
 def load(rule_id: str) -> ModuleType:

@@ -1,0 +1,63 @@
+"""working-set: no one cause; the step's tensors and the model's together fill the memory.
+
+What it detects
+    A traced run out of memory where no other rule names a cause: the model (weights,
+    gradients, optimizer state) and what this step's passes have in flight (outputs of ops
+    not saved for any backward, as in a forward under torch.no_grad() or through a frozen
+    backbone, and the batch) together pass the limit, neither alone.
+Preconditions
+    - a traced run (not a log) out of memory, and no other rule named a cause.
+Why it runs out of memory
+    Even a forward that saves nothing holds each op's input and output at once; with a
+    large batch, wide layers or attention over long sequences, one op's working set plus the
+    weights is more than the device has.
+Example
+    bad:  with torch.no_grad(): features = frozen_backbone(batch_of_8192)
+    good: Plan(micro_batch=2048)    # fewer rows at a time
+          Plan(precision="bf16")    # ops' outputs in 16 bits
+Fix
+    Fewer rows at a time (micro-batches with gradient accumulation keep the effective
+    batch), bf16 autocast, and for a frozen fp32 base, its weights in bf16.
+Known limits
+    The batch-dependent part is this step's tensors at the OOM; an op's scratch that
+    never shows as a tensor is not in it.
+"""
+from __future__ import annotations
+
+from memdoctor.units import format_bytes
+from memdoctor.diagnosis.base import PARTIAL, Finding, Remedy, fits
+from memdoctor.diagnosis.facts import Facts
+
+ID = "working-set"
+_BATCH = ("activations", "temporaries", "inputs")
+
+
+def check(f: Facts) -> Finding | None:
+    if f.source != "run" or not f.oom or f.focus is None:
+        return None
+    live = f.focus_bytes
+    # the request, and as much again for the op after it (the activation after a matmul holds
+    # its input and its output at once)
+    step = sum(b.nbytes for b in f.focus_blocks if b.category in _BATCH and b.step == f.focus.step) \
+        + 2 * (f.requested_bytes or 0)
+    if not live or not step:
+        return None
+    fixed = max(live - step + (f.requested_bytes or 0), 0)
+    weights = f.cat("weights")
+    evidence = [f"{format_bytes(live)} live with the {format_bytes(f.requested_bytes)} asked for in {f.oom_phase}: "
+                f"{format_bytes(fixed)} the model and what lives across steps, the rest this step's tensors; with "
+                f"the next op's output, {format_bytes(step)}"]
+    remedies = [
+        Remedy("micro-batches of a quarter", "Plan(micro_batch='auto') with gradient accumulation: same effective batch",
+               fixed + step // 4, "micro=auto"),
+        Remedy("bf16 autocast", "Plan(precision='bf16'): ops' outputs in 16 bits", fixed + step // 2, "bf16"),
+    ]
+    frozen = max(weights - f.param_bytes, 0) if f.optimizer else 0
+    if frozen >= 0.25 * weights:
+        evidence.append(f"{format_bytes(frozen)} of the weights get no gradient (frozen)")
+        remedies.append(Remedy("frozen weights in bf16", "cast the frozen modules to bf16 (or load the base model "
+                               "with dtype=torch.bfloat16), keeping the trained parameters in fp32 and the forward "
+                               "under bf16 autocast", live - frozen // 2, None))
+    best = min(r.predicted_peak_bytes for r in remedies)
+    return Finding(ID, f"no single cause: this step's tensors take {format_bytes(step)} beside "
+                   f"{format_bytes(fixed)} of model and more", step, evidence, remedies, PARTIAL, fits(f, best))
