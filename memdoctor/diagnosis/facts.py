@@ -188,7 +188,7 @@ def _pending_passes(run: Run) -> tuple[int, int | None, bool]:
     them all (a loop). Micro-batches whose losses are summed call one model several times; separate models called once each (two towers
     of a contrastive loss, an embedding then a recurrent layer) are one pass each."""
     if not run.ooms:
-        return 0, None
+        return 0, None, False
     calls = [c for c in run.meta.get("forward_calls", []) if isinstance(c, dict)]
     last = max((i for i, c in enumerate(calls) if c.get("backward")), default=-1)
     by_model: dict = {}
