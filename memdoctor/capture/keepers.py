@@ -41,22 +41,24 @@ class Held:
     storages: list[tuple[int, int]] = field(default_factory=list)   # (storage key, data_ptr)
 
 
-def find_held(tb=None, frame=None) -> list[Held]:
+def find_held(tb=None, frame=None, graphs: bool = True) -> list[Held]:
     """Containers of tensors in the user's frames: those of the traceback `tb` and the
-    stack from `frame` outwards. Never raises (a failure finds nothing)."""
+    stack from `frame` outwards, with what the tensors' autograd graphs save unless `graphs`
+    is off (a checkpointed graph recomputes its forward when its saved tensors are read).
+    Never raises (a failure finds nothing)."""
     try:
-        return _find_held(tb, frame)
+        return _find_held(tb, frame, graphs)
     except Exception as exc:
         log.warning("memdoctor: looking for what keeps tensors alive failed: %r", exc)
         return []
 
 
-def _find_held(tb, frame) -> list[Held]:
+def _find_held(tb, frame, graphs: bool) -> list[Held]:
     found: dict[tuple[str, str], Held] = {}
     for f in user_frames(tb, frame):
         code = f.f_code
         for holder, value in _namespace(f):
-            storages = _storages(value)
+            storages = _storages(value, graphs)
             if not storages:
                 continue
             key = (code.co_filename, holder)
@@ -139,11 +141,11 @@ def _method_adding_line(owner, attr: str) -> tuple[str, int, str] | None:
     return None
 
 
-def _storages(container) -> list[tuple[int, int]]:
+def _storages(container, graphs: bool = True) -> list[tuple[int, int]]:
     """(storage key, data_ptr) of the tensors in a container, one level of nesting deep
     (a list of tuples, a dict of lists), and of what their autograd graphs still save."""
     out: list[tuple[int, int]] = []
-    budget = [GRAPH_NODES_CAP]
+    budget = [GRAPH_NODES_CAP if graphs else 0]
 
     def items(c):
         values = c.values() if isinstance(c, dict) else c

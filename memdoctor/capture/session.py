@@ -168,7 +168,8 @@ class Tracer:
         rec.run.meta["ddp"] = list(self.hooks.ddp)
         rec.run.meta["steps_from"], starts = self.hooks.step_starts()
         rec.renumber_steps(starts)
-        held = find_held(tb, caller)            # containers of tensors in the user's frames
+        held = find_held(tb, caller,             # containers of tensors in the user's frames
+                         graphs=not (self.hooks.recomputed or self.hooks.checkpointed.seen))
         if self.allocator is not None:
             rec.active = False
             self.run = self.allocator.stop(oom_message)
