@@ -127,3 +127,12 @@ def test_a_frozen_backbones_forward_is_its_working_set_not_saved_activations(bac
     quarter = next(r["predicted_peak_bytes"] for r in first["remedies"] if r["plan"] == "micro=auto")
     real = _memdoctor("trace", script, "--json", "--", *args, "512", cwd=tmp_path)["peak_bytes"]
     assert real <= quarter <= 1.2 * real, (quarter, real)
+
+
+def test_try_checkpointing_checkpoints_every_model_of_the_class_that_saved_most(tmp_path):
+    """CycleGAN's two generators of one class, chained: checkpointing one of them leaves the
+    other's activations, and the run out of memory."""
+    out = _memdoctor("diagnose", SCENARIOS / "two_generators.py", "--budget", "300MiB", "--try", "ckpt=full",
+                     "--json", cwd=tmp_path)
+    assert out["before"]["oom"] and not out["after"]["oom"]
+    assert len([line for line in out["after"]["injected"] if "of Generator" in line]) == 2, out["after"]["injected"]

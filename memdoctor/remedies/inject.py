@@ -175,7 +175,9 @@ class Injection:
         if _in_backward():               # a checkpointed block's recompute replays its own state
             return None
         if self._depth == 0:
-            if not self._done_roots and id(module) not in self._tried and next(module.parameters(), None) is not None:
+            # with a target class, every model of it (CycleGAN's two generators), else the first
+            more = not self._done_roots or (self.target is not None and self.plan.checkpointing is not None)
+            if more and id(module) not in self._tried and next(module.parameters(), None) is not None:
                 self._tried[id(module)] = type(module).__name__
                 try:
                     self._new_root(module)
@@ -205,8 +207,8 @@ class Injection:
 
     def _new_root(self, module) -> None:
         """A top-level module with parameters, seen for the first time: checkpoint the blocks
-        of the first one that has repeated blocks (a lone embedding or loss module called
-        on its own before the model is passed over)."""
+        of each of the target class, or else of the first one that has repeated blocks (a lone
+        embedding or loss module called on its own before the model is passed over)."""
         if self.plan.precision is not None and not self._precision_noted:
             self._precision_noted = True
             fp16 = self.plan.precision == "fp16"
