@@ -136,3 +136,12 @@ def test_try_checkpointing_checkpoints_every_model_of_the_class_that_saved_most(
                      "--json", cwd=tmp_path)
     assert out["before"]["oom"] and not out["after"]["oom"]
     assert len([line for line in out["after"]["injected"] if "of Generator" in line]) == 2, out["after"]["injected"]
+
+
+def test_a_second_model_of_one_class_is_named_by_its_variable(tmp_path):
+    """Two generators of one class: the second's modules are `g_ba.blocks.k`, not the first's
+    `blocks.k` again, so each one's bytes are its own."""
+    out = _memdoctor("trace", SCENARIOS / "two_generators.py", "--json", cwd=tmp_path)
+    by_module = out["by_module"]
+    for k in range(6):
+        assert by_module[f"g_ba.blocks.{k}.0"] == by_module[f"blocks.{k}.0"] >= 4096 * 1024 * 4, by_module

@@ -21,10 +21,11 @@ class CheckpointSeen:
         self.blocks: dict[int, str] = {}
         self.seen: set[str] = set()
 
-    def add_blocks(self, root: torch.nn.Module, counts: dict[str, int]) -> None:
+    def add_blocks(self, root: torch.nn.Module, counts: dict[str, int], prefix: str = "") -> None:
         """Each block and every module inside it, by the block's name: transformers checkpoints
         a layer's `forward`, so that only the modules inside it run inside the checkpoint."""
         for name, module in root.named_modules():
+            name = prefix + name
             container, _, index = name.rpartition(".")
             if index.isdigit() and container in counts:
                 for inner in module.modules():

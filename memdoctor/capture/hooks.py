@@ -24,6 +24,7 @@ from memdoctor.capture.saved_tensors import pop_saved_hooks, unpack_checked
 from memdoctor.capture import frameworks
 from memdoctor.capture.block_lists import block_lists
 from memdoctor.capture.checkpoint_seen import CheckpointSeen
+from memdoctor.capture.root_names import root_prefix
 from memdoctor.capture.storages import storage_key as _storage_key, storage_of as _storage_of
 from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer, inner_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
@@ -173,21 +174,24 @@ class OwnershipHooks:
     # ---- models and optimizers ----------------------------------------------------
     @guarded
     def adopt_model(self, root: torch.nn.Module) -> None:
-        """Learn a model's module and parameter names; claim its weights."""
+        """Learn a model's module and parameter names (a second model of a class already seen
+        prefixed: memdoctor.capture.root_names); claim its weights."""
         if id(root) in self.roots:
             return
+        pre = root_prefix(root, [r() for r in self.roots.values()], sys._getframe(2))
         self.roots[id(root)] = weakref.ref(root)
         self.frameworks |= frameworks.of_model(root)
         self.ddp += frameworks.ddp_buckets(root)
-        self.block_counts.update(block_lists(root))
-        self.checkpointed.add_blocks(root, self.block_counts)
+        self.block_counts.update({(pre + c).rstrip("."): n for c, n in block_lists(root).items()})
+        self.checkpointed.add_blocks(root, self.block_counts, pre)
         self.root_order[id(root)] = len(self.root_order)
         if self.light:
             self._hook_root(root)
         by_address = self.rec.claims is not None     # the allocator source joins grads by address
         for name, module in root.named_modules():
-            self.module_names.setdefault(id(module), name or type(root).__name__)
+            self.module_names.setdefault(id(module), (pre + name).rstrip(".") or type(root).__name__)
         for name, p in root.named_parameters():
+            name = pre + name
             self.param_names.setdefault(id(p), name)
             self.rec.claim(p, Category.WEIGHTS.value, name)
             if p.requires_grad and not by_address and hasattr(p, "register_post_accumulate_grad_hook"):
@@ -196,7 +200,7 @@ class OwnershipHooks:
             if p.grad is not None:
                 self.rec.claim(p.grad, Category.GRADIENTS.value, name + ".grad")
         for name, b in root.named_buffers():
-            self.rec.claim(b, Category.WEIGHTS.value, name)
+            self.rec.claim(b, Category.WEIGHTS.value, pre + name)
 
     def _hook_root(self, root: torch.nn.Module) -> None:
         """Light mode: this model's own outermost-call hooks, and no more discovery."""
