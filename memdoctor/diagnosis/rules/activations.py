@@ -125,7 +125,7 @@ def check(f: Facts) -> Finding | None:
         # loss, CycleGAN's chained generators): no pass has a loss of its own to back-propagate
         evidence.append(f"{f.pending_passes} training passes of one model, called from different lines, ran since "
                         f"the last backward and all their graphs wait for it")
-    if f.pending_passes >= 2 and f.pending_activations * 2 >= acts and f.pending_from_one_line:
+    elif f.pending_passes >= 2 and f.pending_activations * 2 >= acts:
         # many passes' graphs wait for one backward: gradient accumulation done by summing losses
         evidence.append(f"{f.pending_passes} training passes of one model, called from one line, ran since the last "
                         f"backward and all their graphs wait for one (losses summed before `.backward()`)")
