@@ -163,7 +163,8 @@ def print_diagnosis(findings, facts, console: Console | None = None) -> None:
     focus = facts.focus
     if focus is not None:
         where = "at the OOM" if facts.oom else "at the peak"
-        console.print(breakdown_table(focus, f"memory {where} ({_cell(focus.phase)}, step {focus.step})"))
+        phase, step = (facts.oom_phase, facts.oom_step) if facts.oom and facts.oom_phase else (focus.phase, focus.step)
+        console.print(breakdown_table(focus, f"memory {where} ({_cell(phase)}, step {step})"))
         console.print(top_table(focus))
 
 
