@@ -199,7 +199,8 @@ def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
     next block keeps) and what is saved outside the blocks (a head, a loss); backward first
     runs back through those, with their gradients (what is in flight there, or twice the
     largest of them where backward has not run yet), then recomputes one block at a time and,
-    going back through it, holds its saved tensors and the gradient of the largest of them.
+    going back through it, holds its saved tensors and, at the op that made the largest of
+    them, the gradients of that op's output and input (a softmax over an attention matrix).
     With fewer than two blocks found: a quarter of the working set."""
     counts = (f.run.meta.get("block_counts") or {}) if f.run else {}
 
@@ -234,7 +235,7 @@ def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
     block_input = max(largest, key=lambda b: b.alloc_seq).nbytes
     lists = {key.rpartition(".")[0] for key in saved}
     n_blocks = sum(max(counts.get(c, 0), sum(1 for k in saved if k.rpartition(".")[0] == c)) for c in lists)
-    block_backward = sum(b.nbytes for b in largest) + max(b.nbytes for b in largest)
+    block_backward = sum(b.nbytes for b in largest) + 2 * max(b.nbytes for b in largest)
     return fixed + outside + n_blocks * block_input + max(outside_work, block_backward)
 
 
