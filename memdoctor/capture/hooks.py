@@ -98,6 +98,7 @@ class OwnershipHooks:
         self.recomputed: set[str] = set()           # modules a backward called (checkpointing's recompute)
         self.block_counts: dict[str, int] = {}      # a list of repeated blocks ("blocks" of blocks.0-11) -> its length
         self.checkpointed = CheckpointSeen()        # blocks seen running inside a checkpoint in the forward
+        self._module_paths: set[str] = set()        # the models' module paths so far, prefixed as named
         self.param_names: dict[int, str] = {}
         self.stack: list[str] = []
         self.calls: list[ForwardCall] = []
@@ -178,7 +179,7 @@ class OwnershipHooks:
         prefixed: memdoctor.capture.root_names); claim its weights."""
         if id(root) in self.roots:
             return
-        pre = root_prefix(root, [r() for r in self.roots.values()], sys._getframe(2))
+        pre = root_prefix(root, self._module_paths, [r() for r in self.roots.values()], sys._getframe(2))
         self.roots[id(root)] = weakref.ref(root)
         self.frameworks |= frameworks.of_model(root)
         self.ddp += frameworks.ddp_buckets(root)
@@ -190,6 +191,7 @@ class OwnershipHooks:
         by_address = self.rec.claims is not None     # the allocator source joins grads by address
         for name, module in root.named_modules():
             self.module_names.setdefault(id(module), (pre + name).rstrip(".") or type(root).__name__)
+            self._module_paths.add(pre + name)
         for name, p in root.named_parameters():
             name = pre + name
             self.param_names.setdefault(id(p), name)
