@@ -97,3 +97,43 @@ def test_ddps_gradient_buckets_are_model_states_with_the_bucket_view_as_the_fix(
     assert not viewed["oom"]
     peak = max(r["peak_bytes"] for r in viewed["per_rank"])
     assert abs(fix["predicted_peak_bytes"] - peak) <= 0.02 * peak
+
+
+ONE_RANK_LEAKS = textwrap.dedent("""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kept = []
+    for step in range(30):
+        out = model(torch.randn(512, 256))
+        loss = out.square().mean()
+        loss.backward(retain_graph=rank == 1)
+        opt.step()
+        opt.zero_grad()
+        if rank == 1:
+            kept.append(loss)       # rank 1 only: every step's loss and the graph it kept
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+def test_an_oom_on_one_rank_is_reported_without_waiting_for_it(tmp_path):
+    """Rank 1 runs out while rank 0 waits in DDP's all-reduce for it: rank 1 leaves at once (exit
+    0), rank 0's collective fails, and rank 0 reports rank 1's OOM and exits 3, well before the
+    60 s either would wait for the other."""
+    pytest.importorskip("torch.distributed.run")
+    (tmp_path / "ddp.py").write_text(ONE_RANK_LEAKS)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MEMDOCTOR_RANK_WAIT_S": "60"}
+    env.pop("MEMDOCTOR_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "memdoctor", "diagnose", "ddp.py", "--budget", "24MiB", "--source", "dispatch"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=55)
+    out = proc.stdout
+    assert "rank 1 out of memory" in out and "rank 0 ran" in out, (out, proc.stderr[-2000:])
+    assert "leak on rank 1" in out
+    assert "exitcode  : 3" in proc.stderr and proc.returncode != 0

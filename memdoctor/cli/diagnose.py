@@ -76,10 +76,15 @@ def execute(ns) -> int:
 def _diagnose_launched(ns, run, code: int) -> int:
     """One of several ranks (torchrun, accelerate launch): each rank saves its run; rank 0
     waits for the others' and prints one diagnosis of them all; the others print nothing."""
-    from memdoctor.cli.launcher import done, gather, save_for_rank, speaks, wait_for_rank0
+    from memdoctor.cli.launcher import done, gather, release_peers, save_for_rank, speaks, wait_for_rank0
     base = ns.output or default_run_path(ns.script)
     save_for_rank(run, base)
     if not speaks(run):
+        if run.ooms:
+            # the others may be blocked in a collective this rank left: it leaves now, with 0 so
+            # that the launcher lets rank 0 run on to report, which exits 3 for it
+            release_peers()
+            return 0
         wait_for_rank0(base)
         return code
     try:

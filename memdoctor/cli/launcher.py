@@ -68,6 +68,29 @@ def done(base: str) -> None:
     write_atomic(_done_path(base), b"")
 
 
+def release_peers(timeout_s: float = 10.0) -> None:
+    """A rank whose script stopped (out of memory) leaves the others blocked in the collective it
+    never joins (DDP's all-reduce), and they would wait for it as long as it waits for rank 0:
+    ending its process group here makes their collective fail now, and rank 0 report. Ended
+    in a thread, given up after `timeout_s` seconds (a backend that blocks on it)."""
+    import threading
+    try:
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+    except Exception:
+        return
+
+    def end() -> None:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    thread = threading.Thread(target=end, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+
+
 def wait_for_rank0(base: str, wait_s: float | None = None) -> None:
     """A rank other than 0: wait until rank 0 is done, or `wait_s` seconds."""
     deadline = time.monotonic() + (WAIT_S if wait_s is None else wait_s)

@@ -8,7 +8,7 @@ import sys
 from memdoctor.cli.common import (EXIT_OK, EXIT_OOM, EXIT_SCRIPT_FAILED, UsageError, add_script_args, check_script,
                                   script_argv)
 from memdoctor.cli.export import check_output, write_snapshot
-from memdoctor.cli.launcher import done, launched, speaks, wait_for_rank0
+from memdoctor.cli.launcher import done, launched, release_peers, speaks, wait_for_rank0
 from memdoctor.cli.progress import working
 from memdoctor.collector import paused_gc
 
@@ -47,6 +47,9 @@ def show_and_save(ns, result) -> int:
     if ns.memory_viz:
         write_snapshot(run, path_for(run, ns.memory_viz))
     if not speaks(run):
+        if run.ooms:                      # the others may wait in a collective this rank left:
+            release_peers()               # leave now, with 0, and let rank 0 run on to print
+            return 0
         wait_for_rank0(base)              # rank 0 prints; a launcher stops all ranks when one fails
         return exit_for(result)
     try:
