@@ -52,7 +52,8 @@ def test_two_ranks_print_one_diagnosis_naming_the_ranks(tmp_path):
 @pytest.mark.slow
 def test_a_remedy_tried_under_torchrun_is_refused_in_one_line(tmp_path):
     """`--try` runs the script twice in each process; ranks cannot meet in a second process
-    group through the launcher's store: each rank says so in one line, exit 2, and nothing hangs."""
+    group through the launcher's store: each rank says so in one line, exit 2, and nothing hangs
+    (the launcher stops the other ranks when the first exits: one may be stopped before it says so)."""
     pytest.importorskip("torch.distributed.run")
     (tmp_path / "ddp.py").write_text(SCRIPT)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
@@ -63,7 +64,8 @@ def test_a_remedy_tried_under_torchrun_is_refused_in_one_line(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if "--try runs the script twice" in line]
-    assert len(lines) == 2, proc.stderr[-2000:]
+    # each rank says so; the launcher may stop the slower one before it does, on busy cores
+    assert 1 <= len(lines) <= 2, proc.stderr[-2000:]
     assert "exitcode  : 2" in proc.stderr
 
 
