@@ -196,3 +196,24 @@ def test_t5s_blocks_are_its_encoders_and_decoders_layers_not_the_two_stacks():
     wrapper.model = transformers.T5ForConditionalGeneration(config)
     assert [name for name, _ in find_blocks(wrapper)] == [
         "model.encoder.block.0", "model.encoder.block.1", "model.decoder.block.0", "model.decoder.block.1"]
+
+
+def test_blocks_inside_plain_containers_are_the_ones_called():
+    """LDM's UNet stages are plain nn.Module()s holding lists; the parent calls `down[i].block[j]`,
+    never `down[i]`: the blocks are the list members, or checkpointing wraps a forward never run."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = nn.ModuleList()
+            for _ in range(3):
+                stage = nn.Module()
+                stage.block = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(2))
+                self.down.append(stage)
+
+        def forward(self, x):
+            for stage in self.down:
+                for block in stage.block:
+                    x = x + block(x)
+            return x
+
+    assert [name for name, _ in find_blocks(Net())] == [f"down.{i}.block.{j}" for i in range(3) for j in range(2)]

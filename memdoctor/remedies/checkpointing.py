@@ -73,11 +73,13 @@ def selective_context():
 
 def _same_class_group(prefix: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
     """The largest set of children of one class; children without parameters do not count
-    (checkpointing a lone activation function saves nothing worth a recompute)."""
+    (checkpointing a lone activation function saves nothing worth a recompute), nor children
+    without a forward of their own (a plain nn.Module holding lists, as LDM's UNet stages do:
+    the parent calls their parts, never them)."""
     groups: dict[type, list[tuple[str, nn.Module]]] = {}
     for name, child in module.named_children():
-        if next(child.parameters(), None) is None:
-            continue
+        if next(child.parameters(), None) is None or type(child).forward is nn.Module.forward:
+            continue        # nothing to save, or never called (a plain container: its parts are)
         groups.setdefault(type(child), []).append((f"{prefix}.{name}" if prefix else name, child))
     best: list[tuple[str, nn.Module]] = []
     for group in groups.values():
