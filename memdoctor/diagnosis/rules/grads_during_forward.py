@@ -9,7 +9,9 @@ Preconditions
     - the gradients alive there were made in an earlier step: gradients this step's own
       backward made, or ones accumulated over micro-batches of one optimizer step, never
       count;
-    - they take at least 10% of live memory.
+    - they take at least 10% of live memory;
+    - steps are optimizer steps (before an optimizer's first step, steps are backward calls:
+      gradients accumulating over micro-batches).
 Why it runs out of memory
     `zero_grad(set_to_none=False)`, or `zero_grad()` called after the forward, keeps a
     whole copy of the parameters' size allocated exactly when activations pile up.
@@ -29,6 +31,7 @@ from __future__ import annotations
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import Finding, Remedy, free_fix_tier, fits
 from memdoctor.diagnosis.facts import Facts
+from memdoctor.diagnosis.rules.model_states import in_backward_applies
 from memdoctor.run import Phase
 
 ID = "grads-during-forward"
@@ -44,11 +47,15 @@ def check(f: Facts) -> Finding | None:
     phase = f.oom_phase if f.oom else f.focus.phase
     if phase == Phase.FORWARD_NO_BACKWARD.value or (f.oom and f.oom_grad_enabled is False):
         return None             # an evaluation under no_grad: no activations pile up beside them
+    if f.run is not None and f.run.meta.get("steps_from") == "backward" and f.run.meta.get("optimizers"):
+        return None             # steps are backward calls before an optimizer's first step: accumulation
     evidence = [f"{format_bytes(grads)} of gradients from earlier steps alive during the {phase} of step "
                 f"{f.focus.step}, {100 * grads / live:.0f}% of {format_bytes(live)}"]
     predicted = live - grads
     remedies = [Remedy("free gradients before the forward",
-                       "optimizer.zero_grad(set_to_none=True) right after optimizer.step()", predicted),
-                Remedy("optimizer step in backward", "Plan(optimizer='in-backward')", predicted, "opt=in-backward")]
+                       "optimizer.zero_grad(set_to_none=True) right after optimizer.step()", predicted)]
+    if in_backward_applies(f):
+        remedies.append(Remedy("optimizer step in backward", "Plan(optimizer='in-backward')", predicted,
+                               "opt=in-backward"))
     return Finding(ID, f"gradients kept from the last step take {format_bytes(grads)} while activations pile up",
                    grads, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted))

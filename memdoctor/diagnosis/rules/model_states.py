@@ -35,6 +35,29 @@ ID = "model-states"
 SHARE = 0.5
 FROZEN = 0.25           # frozen weights this share of all: a fine-tune of a frozen base
 NEGLIGIBLE = 0.01       # a remedy saving under this share of the model states is left out
+ADAM_LIKE = ("Adam", "AdamW", "FusedAdamW")      # what Plan's 8-bit, bf16 and in-backward optimizers replace
+
+
+def _frozen_weights(f: Facts) -> int:
+    """Weights no optimizer steps, less the copies never called (an EMA model, updated by
+    hand): a frozen base or backbone, which needs no fp32 copy."""
+    if not f.optimizer:
+        return 0
+    idle = sum(b.nbytes for b in f.focus_blocks if b.category == "weights" and b.name.endswith("(not called)"))
+    return max(f.cat("weights") - f.param_bytes - idle, 0)
+
+
+def in_backward_applies(f: Facts) -> bool:
+    """Whether Plan(optimizer='in-backward') fits the run: one Adam-family optimizer (the
+    only kind it replaces) stepping once per back-propagated pass (stepped in backward,
+    accumulated gradients would be applied a micro-batch at a time)."""
+    optimizers = (f.run.meta.get("optimizers") or []) if f.run else []
+    if len(optimizers) != 1 or optimizers[0].get("class") not in ADAM_LIKE:
+        return False
+    calls = f.run.meta.get("forward_calls") or []
+    passes = sum(1 for c in calls if isinstance(c, dict) and c.get("backward"))
+    steps = max((m.step for m in f.run.marks), default=0) + 1 if f.run.meta.get("steps_from") == "optimizer" else 0
+    return steps > 0 and passes <= steps
 
 
 def _mostly_fp32(f: Facts) -> bool:
@@ -88,21 +111,23 @@ def check(f: Facts) -> Finding | None:
         return Finding(ID, f"model states take {format_bytes(states)} of the {format_bytes(f.limit_bytes)} limit",
                        states, evidence, remedies, STRUCTURAL, fits(f, min(r.predicted_peak_bytes for r in remedies)),
                        {"weights": weights, "gradients": grads, "optimizer_state": state})
-    if state:
+    adam = opt in ADAM_LIKE
+    if state and adam:
         low = params // 2 if params else state // 4      # two 8-bit moments: 2 bytes a fp32 parameter
         remedies.append(Remedy("8-bit optimizer state", "Plan(optimizer='adamw-8bit'): blockwise 8-bit moments",
                                base + grads + low, "opt=adamw-8bit"))
         remedies.append(Remedy("bf16 optimizer state", "Plan(optimizer='adamw-bf16'): moments in bf16 with stochastic rounding",
                                base + grads + state // 2, "opt=adamw-bf16"))
     largest = (f.optimizer or {}).get("largest_param_bytes", 0)
-    remedies.append(Remedy("optimizer step in backward", "Plan(optimizer='in-backward'): each gradient applied and freed as soon as it is ready",
-                           base + state + largest, "opt=in-backward"))
+    if adam and in_backward_applies(f):
+        remedies.append(Remedy("optimizer step in backward", "Plan(optimizer='in-backward'): each gradient applied and freed as soon as it is ready",
+                               base + state + largest, "opt=in-backward"))
     remedies.append(Remedy("ZeRO-2 over 2 ranks", "torchrun --nproc-per-node 2 with Plan(zero=2): gradients and states sharded",
                            base + (grads + state) // 2, "zero=2"))
     remedies.append(Remedy("ZeRO-3 over 2 ranks", "Plan(zero=3): parameters sharded as well, gathered per layer",
                            other + (weights + grads + state) // 2, "zero=3"))
-    frozen = max(weights - params, 0) if f.optimizer else 0
-    if frozen >= FROZEN * weights and _mostly_fp32(f):
+    frozen = _frozen_weights(f)
+    if frozen and frozen >= FROZEN * weights and _mostly_fp32(f):
         # a fine-tune's frozen base (LoRA, a frozen backbone) is most of it: it needs no fp32 copy
         evidence.append(f"{format_bytes(frozen)} of the weights get no gradient (frozen)")
         remedies.append(Remedy("frozen weights in bf16", "cast the frozen modules to bf16 (or load the base model "

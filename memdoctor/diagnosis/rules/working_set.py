@@ -6,7 +6,8 @@ What it detects
     not saved for any backward, as in a forward under torch.no_grad() or through a frozen
     backbone, and the batch) together pass the limit, neither alone.
 Preconditions
-    - a traced run (not a log) out of memory, and no other rule named a cause.
+    - a traced run (not a log) out of memory in a forward or backward pass, and no other
+      rule named a cause.
 Why it runs out of memory
     Even a forward that saves nothing holds each op's input and output at once; with a
     large batch, wide layers or attention over long sequences, one op's working set plus the
@@ -27,14 +28,15 @@ from __future__ import annotations
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import PARTIAL, Finding, Remedy, fits
 from memdoctor.diagnosis.facts import Facts
+from memdoctor.diagnosis.rules.model_states import _frozen_weights
 
 ID = "working-set"
 _BATCH = ("activations", "temporaries", "inputs")
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run" or not f.oom or f.focus is None:
-        return None
+    if f.source != "run" or not f.oom or f.focus is None or f.oom_phase not in ("forward", "backward"):
+        return None     # outside a pass (a dataset filling the device) this says nothing
     live = f.focus_bytes
     # the request, and as much again for the op after it (the activation after a matmul holds
     # its input and its output at once)
@@ -52,8 +54,8 @@ def check(f: Facts) -> Finding | None:
                fixed + step // 4, "micro=auto"),
         Remedy("bf16 autocast", "Plan(precision='bf16'): ops' outputs in 16 bits", fixed + step // 2, "bf16"),
     ]
-    frozen = max(weights - f.param_bytes, 0) if f.optimizer else 0
-    if frozen >= 0.25 * weights:
+    frozen = _frozen_weights(f)
+    if frozen and frozen >= 0.25 * weights:
         evidence.append(f"{format_bytes(frozen)} of the weights get no gradient (frozen)")
         remedies.append(Remedy("frozen weights in bf16", "cast the frozen modules to bf16 (or load the base model "
                                "with dtype=torch.bfloat16), keeping the trained parameters in fp32 and the forward "
