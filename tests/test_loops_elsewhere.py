@@ -145,3 +145,18 @@ def test_a_second_model_of_one_class_is_named_by_its_variable(tmp_path):
     by_module = out["by_module"]
     for k in range(6):
         assert by_module[f"g_ba.blocks.{k}.0"] == by_module[f"blocks.{k}.0"] >= 4096 * 1024 * 4, by_module
+
+
+def test_accumulated_gradients_are_no_leftovers_and_sgd_gets_no_adam_fixes(tmp_path):
+    """Out of memory in the second micro-batch, before SGD's first step: the gradients are being
+    accumulated (no "gradients kept from the last step"), and model states (weights, gradients,
+    momentum: 12 bytes a parameter) pass the budget; Plan's 8-bit, bf16 and in-backward
+    optimizers replace Adam only, so they are not offered for SGD."""
+    out = _memdoctor("diagnose", SCENARIOS / "accumulate_then_step.py", "--budget", "44MiB", "--json", cwd=tmp_path)
+    rules = [f["rule"] for f in out["findings"]]
+    assert "grads-during-forward" not in rules, rules
+    assert rules[0] == "model-states"
+    params = 4 * _linear(1024, 1024) + _linear(1024, 10)
+    assert out["findings"][0]["accounts_for_bytes"] == 12 * params
+    plans = {r["plan"] for f in out["findings"] for r in f["remedies"]}
+    assert not plans & {"opt=adamw-8bit", "opt=adamw-bf16", "opt=in-backward"}, plans
