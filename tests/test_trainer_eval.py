@@ -12,8 +12,8 @@ pytest.importorskip("accelerate")
 SCRIPT = Path(__file__).parent / "scenarios" / "trainer_eval_gathers_logits.py"
 
 
-def _diagnose(*args, cwd) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "memdoctor", "diagnose", SCRIPT, "--budget", "300MiB", "--json",
+def _diagnose(*args, cwd, budget="300MiB") -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "memdoctor", "diagnose", SCRIPT, "--budget", budget, "--json",
                            "--", *args], capture_output=True, text=True, timeout=600, cwd=cwd)
     assert proc.returncode in (0, 3), proc.stderr[-2000:]
     return proc.returncode, json.loads(proc.stdout)
@@ -34,3 +34,13 @@ def test_the_trainers_gathered_logits_are_a_leak_within_its_evaluation(tmp_path)
 def test_the_same_evaluation_without_gathering_fits(tmp_path):
     code, out = _diagnose("160", "loss-only", cwd=tmp_path)
     assert code == 0 and not out["oom"], out["findings"]
+
+
+def test_out_of_memory_in_the_third_join_is_the_same_leak(tmp_path):
+    """The OOM asks for the join of the third pass's logits: two joins alive and the one asked
+    for make three passes gathered."""
+    code, out = _diagnose(cwd=tmp_path, budget="200MiB")
+    assert code == 3 and out["ooms"][0]["requested_bytes"] == 3 * 8 * 128 * 8000 * 4
+    first = out["findings"][0]
+    assert first["rule"] == "leak", [f["rule"] for f in out["findings"]]
+    assert "eval_accumulation_steps" in first["remedies"][0]["how"]

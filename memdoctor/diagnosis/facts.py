@@ -383,7 +383,8 @@ def _concatenated(f: Facts, run: Run, calls: list[dict]) -> tuple[list[Block], i
     evaluation's predictions unless eval_accumulation_steps is set): after each pass a longer
     tensor made outside the model (the last one joined with the pass's output), the last one
     freed. Each such tensor alive whose joins made at least GATHERED_PASSES - 1 lengths of it
-    (the first pass's output is joined by the second), and the passes the longest took."""
+    (the first pass's output is joined by the second; a longer join the OOM asked for counts),
+    and the passes the longest took."""
     inside = [(c["seq_start"], c["seq_end"]) for c in calls]
 
     def outside(b: Block) -> bool:
@@ -397,6 +398,10 @@ def _concatenated(f: Facts, run: Run, calls: list[dict]) -> tuple[list[Block], i
         lengths = {b.shape[0] for b in run.blocks.values()
                    if b.name in _JOINS and b.dtype == last.dtype and b.shape and tuple(b.shape[1:]) == tail
                    and b.step == last.step and b.alloc_seq <= last.alloc_seq and b.shape[0] <= last.shape[0]}
+        row = last.nbytes // max(last.shape[0], 1)
+        if f.oom and row and f.requested_bytes and f.requested_bytes % row == 0 \
+                and f.requested_bytes // row > last.shape[0]:
+            lengths.add(f.requested_bytes // row)      # the join the OOM cut short: one more pass
         if len(lengths) + 1 >= GATHERED_PASSES:
             kept.append(last)
             passes = max(passes, len(lengths) + 1)
