@@ -217,3 +217,24 @@ def test_blocks_inside_plain_containers_are_the_ones_called():
             return x
 
     assert [name for name, _ in find_blocks(Net())] == [f"down.{i}.block.{j}" for i in range(3) for j in range(2)]
+
+
+def test_composite_blocks_come_before_a_run_of_single_layers():
+    """A diffusion UNet's two resnet blocks per stage, beside its time embedding's two Linears in
+    a Sequential: the blocks are the resnets (checkpointing the Linears saves nothing)."""
+    class Resnet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x):
+            return x + self.conv2(torch.relu(self.conv1(x)))
+
+    class UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.time_embedding = nn.Sequential(nn.Linear(4, 16), nn.SiLU(), nn.Linear(16, 4))
+            self.resnets = nn.ModuleList(Resnet() for _ in range(2))
+
+    assert [name for name, _ in find_blocks(UNet())] == ["resnets.0", "resnets.1"]
+    assert [name for name, _ in find_blocks(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)))] == ["0", "2"]

@@ -190,7 +190,7 @@ class OwnershipHooks:
             self._hook_root(root)
         by_address = self.rec.claims is not None     # the allocator source joins grads by address
         for name, module in root.named_modules():
-            self.module_names.setdefault(id(module), (pre + name).rstrip(".") or type(root).__name__)
+            self.module_names.setdefault(id(module), pre + name if name else type(root).__name__)
             self._module_paths.add(pre + name)
         for name, p in root.named_parameters():
             name = pre + name

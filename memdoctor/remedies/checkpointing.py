@@ -97,6 +97,10 @@ def _holds_list_of_blocks(candidate, candidates) -> bool:
                for name, is_list, group in candidates)
 
 
+def _composite(group: list[tuple[str, nn.Module]]) -> bool:
+    return bool(group) and next(group[0][1].children(), None) is not None
+
+
 def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The repeated blocks of a model, as (qualified name, module); empty when nothing repeats.
 
@@ -104,9 +108,10 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     candidate that lies inside a member of another (the Linears of one block's MLP) is part
     of a block, not a block, unless it is a list of composite modules inside same-class
     siblings (T5's encoder and decoder stacks each hold a list of blocks). Of the rest,
-    the largest run inside a ModuleList/Sequential wins (the first on a tie); failing
-    that, the largest group of same-class siblings (lists themselves, like a ResNet's
-    stages, do not count as siblings).
+    the largest run of composite modules inside a ModuleList/Sequential wins (a UNet's
+    blocks, not the two Linears of its time embedding), else the largest run of single
+    layers (the first on a tie); failing that, the largest group of same-class siblings
+    (lists themselves, like a ResNet's stages, do not count as siblings).
     """
     containers = (nn.ModuleList, nn.Sequential)
     candidates: list[tuple[str, bool, list[tuple[str, nn.Module]]]] = []
@@ -125,8 +130,8 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
         outer = [(is_list, group) for parent, is_list, group in pool
                  if not any(parent == m or parent.startswith(m + ".") for m in members)]
         best: list[tuple[str, nn.Module]] = []
-        for is_list, group in outer:
-            if is_list == want_list and len(group) > len(best):
+        for is_list, group in outer:       # composite blocks before single layers, then the longest
+            if is_list == want_list and (_composite(group), len(group)) > (_composite(best), len(best)):
                 best = group
         if best:
             # the same block in several lists (a ResNet's stages, T5's encoder and decoder)
