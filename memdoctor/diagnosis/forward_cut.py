@@ -4,21 +4,17 @@ The tensors alive at such an OOM are only part of the step's working set: the re
 blocks after the OOM's have not run, and what a finished block holds (saved for backward,
 or kept where no saved-tensor hook sees it) says what each of them would hold. A fix
 predicted from the OOM's tensors alone is told "fits" where the rest of the forward runs out.
+The functions read a diagnosis' Facts (`f`), which are built with them.
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from memdoctor.run import Category, Phase, Run
 from memdoctor.units import format_bytes
 
-if TYPE_CHECKING:
-    from memdoctor.diagnosis.facts import Facts
-
 ACT, TMP = Category.ACTIVATIONS.value, Category.TEMPORARIES.value
 
 
-def step_held(f: Facts) -> int:
+def step_held(f) -> int:
     """An OOM in a training step's forward or backward: what this step's passes made and still
     hold without a saved-tensor hook seeing it saved (kept by a checkpoint's policy or a custom
     Function's ctx, recomputed by checkpointing in backward, gradients of activations, the op in
@@ -38,7 +34,7 @@ def step_held(f: Facts) -> int:
                                               and block_index(b.module, running[0]) == running[1]))
 
 
-def forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
+def forward_rest(f, run: Run) -> tuple[int, str | None]:
     """An OOM inside block k of a training forward's n repeated blocks (`blocks.k`): blocks
     k+1..n-1 have not run, and would each hold about what the largest finished block of the
     list holds (less its output, the running block's input), or where none had finished, what
@@ -81,7 +77,7 @@ def forward_rest(f: Facts, run: Run) -> tuple[int, str | None]:
                   + (" so far" if largest is None else "") + "), counted in the predicted peaks")
 
 
-def oom_block(f: Facts, counts: dict[str, int]) -> tuple[str | None, int]:
+def oom_block(f, counts: dict[str, int]) -> tuple[str | None, int]:
     """The list of blocks and the block the OOM came in: named by the OOM's module where it is
     one of them (the dispatch source knows the innermost module), else the block that made the
     latest of this forward's tensors still alive (the allocator source knows the outermost)."""
