@@ -67,9 +67,10 @@ def check(f: Facts) -> Finding | None:
     fixed = max(live - scaling, 0)
     scaling += f.forward_rest_bytes         # the blocks an OOM in the forward left unrun save as much again
     if f.oom_in_training_forward:
-        # backward starts by making the gradients of the last op's output and input while all
-        # that was saved is alive: bounded by twice the largest saved tensor (a head's logits)
-        scaling += 2 * max(_largest_saved(f), f.requested_bytes or 0)
+        # backward starts at the head, making the gradients of its ops' outputs and inputs while
+        # all that was saved is alive: twice the largest tensor saved (or asked for) outside the
+        # repeated blocks (a head's logits); inside them, backward frees as it makes
+        scaling += 2 * _largest_outside_blocks(f)
     modules = _top_modules(f)
     evidence = [f"{format_bytes(acts)} saved for backward in step {f.focus.step}, "
                 f"{100 * acts / live:.0f}% of {format_bytes(live)}"
@@ -189,8 +190,18 @@ def _kept_in_fp32(f: Facts) -> float:
     return kept / total if total else 0.0
 
 
-def _largest_saved(f: Facts) -> int:
-    return max((b.nbytes for b in f.focus_blocks if b.category == "activations" and _this_step(f, b)), default=0)
+def _in_blocks(f: Facts, module: str | None) -> str | None:
+    """The repeated block `module` is in (a list the run recorded, where it did), or None."""
+    counts = (f.run.meta.get("block_counts") or {}) if f.run else {}
+    key = _block_of(module)
+    return None if key is None or (counts and key.rpartition(".")[0] not in counts) else key
+
+
+def _largest_outside_blocks(f: Facts) -> int:
+    saved = max((b.nbytes for b in f.focus_blocks if b.category == "activations" and _this_step(f, b)
+                 and _in_blocks(f, b.module) is None), default=0)
+    asked = f.requested_bytes or 0 if f.oom and _in_blocks(f, f.oom_module) is None else 0
+    return max(saved, asked)
 
 
 def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
@@ -205,8 +216,7 @@ def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
     counts = (f.run.meta.get("block_counts") or {}) if f.run else {}
 
     def in_blocks(module: str | None) -> str | None:
-        key = _block_of(module)
-        return None if key is None or (counts and key.rpartition(".")[0] not in counts) else key
+        return _in_blocks(f, module)
     saved: dict[str, list] = {}
     outside, outside_largest = 0, 0
     kept = {"forward": 0, "backward": 0}         # made outside the blocks, not saved: outputs, gradients
