@@ -255,7 +255,8 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     since the last back-propagated one may still get their backward: those in training
     mode (micro-batches whose losses are summed before one backward), and those in training
     mode since the last back-propagated pass of their own model (a GAN's generator, whose
-    backward comes through the discriminator's later pass) do not count; those in eval mode do (the classic validation loop without no_grad), the one cut short too.
+    backward comes through the discriminator's later pass) do not count; those in eval mode
+    do (the classic validation loop without no_grad), the one cut short too.
     Linear: the passes' ranges are sorted, each event a bisection."""
     calls = run.meta.get("forward_calls", [])
     last_backward = max((i for i, c in enumerate(calls) if c["backward"]), default=-1)
@@ -272,7 +273,7 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
         if ended_in_oom and i > last_backward and c["training"]:
             continue            # a training forward the OOM came before its backward
         if ended_in_oom and c["training"] and i > last_of_model.get(_model_of(c), -1):
-            continue            # its model's last pass: its output may feed a later pass whose backward reaches it (a GAN's G(z))
+            continue            # its model's latest: a later pass's backward may reach it (a GAN's G(z))
         if cut is not None and c["training"] and cut[0] <= c["seq_start"] < cut[1]:
             continue            # a training forward whose backward the OOM cut short before reaching it
         if not cut_short and not c.get("graph", True):

@@ -56,8 +56,8 @@ def in_backward_applies(f: Facts) -> bool:
         return False
     calls = f.run.meta.get("forward_calls") or []
     passes = sum(1 for c in calls if isinstance(c, dict) and c.get("backward"))
-    steps = max((m.step for m in f.run.marks), default=0) + 1 if f.run.meta.get("steps_from") == "optimizer" else 0
-    return steps > 0 and passes <= steps
+    stepped = max((m.step for m in f.run.marks), default=0) if f.run.meta.get("steps_from") == "optimizer" else 0
+    return passes <= stepped + 1       # one pass a step (the step running may have had its own)
 
 
 def _mostly_fp32(f: Facts) -> bool:
