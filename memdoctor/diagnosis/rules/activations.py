@@ -214,14 +214,11 @@ def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
     them, the gradients of that op's output and input (a softmax over an attention matrix).
     With fewer than two blocks found: a quarter of the working set."""
     counts = (f.run.meta.get("block_counts") or {}) if f.run else {}
-
-    def in_blocks(module: str | None) -> str | None:
-        return _in_blocks(f, module)
     saved: dict[str, list] = {}
     outside, outside_largest = 0, 0
     kept = {"forward": 0, "backward": 0}         # made outside the blocks, not saved: outputs, gradients
     for b in f.focus_blocks:
-        key = in_blocks(b.module)
+        key = _in_blocks(f, b.module)
         if b.category == "activations" and _this_step(f, b):
             if key is None:
                 outside += b.nbytes
@@ -232,7 +229,7 @@ def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
             kept[b.phase] += b.nbytes
     if len(saved) < 2:
         return fixed + scaling // 4
-    request = f.requested_bytes or 0 if f.oom and in_blocks(f.oom_module) is None else 0
+    request = f.requested_bytes or 0 if f.oom and _in_blocks(f, f.oom_module) is None else 0
     if f.oom_phase == "forward":
         kept["forward"] += request      # the output asked for: saved, or handed on
         outside_largest = max(outside_largest, request)

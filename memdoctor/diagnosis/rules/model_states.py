@@ -38,13 +38,19 @@ NEGLIGIBLE = 0.01       # a remedy saving under this share of the model states i
 ADAM_LIKE = ("Adam", "AdamW", "FusedAdamW")      # what Plan's 8-bit, bf16 and in-backward optimizers replace
 
 
-def _frozen_weights(f: Facts) -> int:
+def frozen_weights(f: Facts) -> int:
     """Weights no optimizer steps, less the copies never called (an EMA model, updated by
     hand): a frozen base or backbone, which needs no fp32 copy."""
     if not f.optimizer:
         return 0
     idle = sum(b.nbytes for b in f.focus_blocks if b.category == "weights" and b.name.endswith("(not called)"))
     return max(f.cat("weights") - f.param_bytes - idle, 0)
+
+
+def frozen_in_bf16(predicted: int) -> Remedy:
+    return Remedy("frozen weights in bf16", "cast the frozen modules to bf16 (or load the base model with "
+                  "dtype=torch.bfloat16), keeping the trained parameters in fp32 and the forward under bf16 "
+                  "autocast", predicted, None)
 
 
 def in_backward_applies(f: Facts) -> bool:
@@ -126,13 +132,11 @@ def check(f: Facts) -> Finding | None:
                            base + (grads + state) // 2, "zero=2"))
     remedies.append(Remedy("ZeRO-3 over 2 ranks", "Plan(zero=3): parameters sharded as well, gathered per layer",
                            other + (weights + grads + state) // 2, "zero=3"))
-    frozen = _frozen_weights(f)
+    frozen = frozen_weights(f)
     if frozen and frozen >= FROZEN * weights and _mostly_fp32(f):
         # a fine-tune's frozen base (LoRA, a frozen backbone) is most of it: it needs no fp32 copy
         evidence.append(f"{format_bytes(frozen)} of the weights get no gradient (frozen)")
-        remedies.append(Remedy("frozen weights in bf16", "cast the frozen modules to bf16 (or load the base model "
-                               "with dtype=torch.bfloat16), keeping the trained parameters in fp32 and the forward under bf16 autocast",
-                               base - frozen // 2 + grads + state, None))
+        remedies.append(frozen_in_bf16(base - frozen // 2 + grads + state))
     # a fix that saves next to nothing is no fix (8-bit moments of a head's few parameters)
     remedies = [r for r in remedies if r.predicted_peak_bytes < base + grads + state - NEGLIGIBLE * states]
     if idle >= 0.1 * weights:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import PARTIAL, Finding, Remedy, fits
 from memdoctor.diagnosis.facts import Facts
-from memdoctor.diagnosis.rules.model_states import _frozen_weights
+from memdoctor.diagnosis.rules.model_states import frozen_in_bf16, frozen_weights
 
 ID = "working-set"
 _BATCH = ("activations", "temporaries", "inputs")
@@ -54,12 +54,10 @@ def check(f: Facts) -> Finding | None:
                fixed + step // 4, "micro=auto"),
         Remedy("bf16 autocast", "Plan(precision='bf16'): ops' outputs in 16 bits", fixed + step // 2, "bf16"),
     ]
-    frozen = _frozen_weights(f)
+    frozen = frozen_weights(f)
     if frozen and frozen >= 0.25 * weights:
         evidence.append(f"{format_bytes(frozen)} of the weights get no gradient (frozen)")
-        remedies.append(Remedy("frozen weights in bf16", "cast the frozen modules to bf16 (or load the base model "
-                               "with dtype=torch.bfloat16), keeping the trained parameters in fp32 and the forward "
-                               "under bf16 autocast", live - frozen // 2, None))
+        remedies.append(frozen_in_bf16(live - frozen // 2))
     best = min(r.predicted_peak_bytes for r in remedies)
     return Finding(ID, f"no single cause: this step's tensors take {format_bytes(step)} beside "
                    f"{format_bytes(fixed)} of model and more", step, evidence, remedies, PARTIAL, fits(f, best))
