@@ -160,3 +160,29 @@ def test_accumulated_gradients_are_no_leftovers_and_sgd_gets_no_adam_fixes(tmp_p
     assert out["findings"][0]["accounts_for_bytes"] == 12 * params
     plans = {r["plan"] for f in out["findings"] for r in f["remedies"]}
     assert not plans & {"opt=adamw-8bit", "opt=adamw-bf16", "opt=in-backward"}, plans
+
+
+def test_the_no_grad_fix_for_validation_keeps_the_training_peak_before_it(tmp_path):
+    """Validation without no_grad after training: its graphs are the OOM's cause, but the fix
+    leaves the training step's peak as it was, and the prediction cannot go below it (the
+    no_grad version's traced peak, 128 MiB; the validation alone would predict 56 MiB)."""
+    script = SCENARIOS / "validation_sums_loss_tensors.py"
+    out = _memdoctor("diagnose", script, "--budget", "150MiB", "--json", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "eval-without-no-grad"
+    predicted = first["remedies"][0]["predicted_peak_bytes"]
+    fixed = _memdoctor("trace", script, "--json", "--", "nograd", cwd=tmp_path)
+    assert fixed["peak_bytes"] <= predicted <= 1.05 * fixed["peak_bytes"], (predicted, fixed["peak_bytes"])
+    assert predicted < out["budget_bytes"]
+
+
+def test_try_checkpointing_takes_the_run_of_blocks_that_saved_most(tmp_path):
+    """Of a triplet net's two lists, `--try ckpt=full` checkpoints the convolutions that saved
+    nearly everything (two segments), not the head's three Linears (the longer run): the
+    budget that ran out as written then fits (64 MiB -> 49 MiB; with the head checkpointed,
+    still out of memory)."""
+    out = _memdoctor("diagnose", SCENARIOS / "triplet_conv_embedding.py", "--budget", "64MiB", "--try", "ckpt=full",
+                     "--json", cwd=tmp_path)
+    assert out["before"]["oom"]
+    assert any("embedding_net.convnet" in line for line in out["after"]["injected"]), out["after"]["injected"]
+    assert not out["after"]["oom"] and out["after"]["peak_bytes"] < 0.85 * out["before"]["peak_bytes"]

@@ -56,6 +56,7 @@ class Facts:
     gathered_passes: int = 0                      # the passes of one model that left them, this step
     no_backward_activation_bytes: int = 0
     no_backward_calls: int = 0
+    peak_before_no_backward: int = 0              # the run's peak before its first such pass (training's)
     optimizer: dict[str, Any] | None = None
     state_bytes_full: int = 0                     # optimizer state once every parameter has it
     optimizer_temporaries: int = 0
@@ -181,6 +182,15 @@ def _grad_mode_at(run: Run, seq: int) -> bool | None:
     return bool(call.get("grad_enabled", True)) if call else None
 
 
+def _peak_before_no_backward(run: Run) -> int:
+    """The run's peak before its first model pass never back-propagated: what training alone
+    reached, which no fix to the evaluation lowers."""
+    starts = [c["seq_start"] for c in run.meta.get("forward_calls", [])
+              if isinstance(c, dict) and c.get("phase") == Phase.FORWARD_NO_BACKWARD.value
+              and c.get("params", True) and type(c.get("seq_start")) is int]
+    return peak(run, 0, min(starts))[1] if starts else 0
+
+
 def _pending_passes(run: Run) -> tuple[int, int | None, bool]:
     """At an OOM: the calls of one model in training mode with grad on since the last call
     that was back-propagated (their backward has not come yet), of the model called most
@@ -242,6 +252,7 @@ def facts_from_run(run: Run) -> Facts:
                                          if b.phase == nob and b.category == ACT)
     f.no_backward_calls = sum(1 for c in run.meta.get("forward_calls", [])
                               if c.get("phase") == nob and c.get("params", True))
+    f.peak_before_no_backward = _peak_before_no_backward(run)
     optimizers = run.meta.get("optimizers") or []
     if optimizers:
         f.optimizer = _all_optimizers(optimizers)

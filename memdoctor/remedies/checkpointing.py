@@ -16,7 +16,7 @@ import contextlib
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
+from typing import Callable, Mapping, Sequence, Union
 
 import torch
 from torch import nn
@@ -97,11 +97,22 @@ def _holds_list_of_blocks(candidate, candidates) -> bool:
                for name, is_list, group in candidates)
 
 
+def _saved_under(parent: str, is_list: bool, group: list[tuple[str, nn.Module]],
+                 saved_bytes: Mapping[str, int] | None) -> int:
+    """What a run of blocks saved in a traced run: everything under its list (a flat stack is
+    checkpointed in segments that take the layers between), else under its members."""
+    if not saved_bytes:
+        return 0
+    roots = [parent] if is_list else [m for m, _ in group]
+    return sum(n for path, n in saved_bytes.items()
+               if any(r == "" or path == r or path.startswith(r + ".") for r in roots))
+
+
 def _composite(group: list[tuple[str, nn.Module]]) -> bool:
     return bool(group) and next(group[0][1].children(), None) is not None
 
 
-def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def find_blocks(model: nn.Module, saved_bytes: Mapping[str, int] | None = None) -> list[tuple[str, nn.Module]]:
     """The repeated blocks of a model, as (qualified name, module); empty when nothing repeats.
 
     Candidates are the same-class children of every module, searched recursively; a
@@ -112,6 +123,10 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     blocks, not the two Linears of its time embedding), else the largest run of single
     layers (the first on a tie); failing that, the largest group of same-class siblings
     (lists themselves, like a ResNet's stages, do not count as siblings).
+
+    `saved_bytes` (module path -> bytes it saved for backward, from a traced run) puts the run
+    that saved most ahead of the longest: a triplet net's two convolutions, whose list saves
+    the feature maps, before its head's three Linears.
     """
     containers = (nn.ModuleList, nn.Sequential)
     candidates: list[tuple[str, bool, list[tuple[str, nn.Module]]]] = []
@@ -127,16 +142,18 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
         pool = [c for c in candidates if c[1] or not _holds_list_of_blocks(c, candidates)] \
             if want_list else candidates
         members = [m for _, _, group in pool for m, _ in group]
-        outer = [(is_list, group) for parent, is_list, group in pool
+        outer = [(parent, is_list, group) for parent, is_list, group in pool
                  if not any(parent == m or parent.startswith(m + ".") for m in members)]
         best: list[tuple[str, nn.Module]] = []
-        for is_list, group in outer:       # composite blocks before single layers, then the longest
-            if is_list == want_list and (_composite(group), len(group)) > (_composite(best), len(best)):
-                best = group
+        best_key: tuple = (False, 0, 0)
+        for parent, is_list, group in outer:   # composite blocks first, then what saved most, the longest
+            key = (_composite(group), _saved_under(parent, is_list, group, saved_bytes), len(group))
+            if is_list == want_list and key > best_key:
+                best, best_key = group, key
         if best:
             # the same block in several lists (a ResNet's stages, T5's encoder and decoder)
             kind = type(best[0][1])
-            return [m for is_list, group in outer if is_list == want_list and type(group[0][1]) is kind
+            return [m for _, is_list, group in outer if is_list == want_list and type(group[0][1]) is kind
                     for m in group]
     return []
 
@@ -152,13 +169,13 @@ class Unit:
     stop: int = 0
 
 
-def checkpoint_units(model: nn.Module) -> list[Unit]:
+def checkpoint_units(model: nn.Module, saved_bytes: Mapping[str, int] | None = None) -> list[Unit]:
     """What `apply_checkpointing` checkpoints: the repeated blocks (find_blocks), or, when
     those are single layers of a flat nn.Sequential, segments of it, one from each
     repeated layer up to the next (the first takes the layers before it too, the last the
     layers after). Raises ValueError when the repeated layers sit in a hand-written forward,
-    where no segment can be cut."""
-    blocks = find_blocks(model)
+    where no segment can be cut. `saved_bytes` as for find_blocks."""
+    blocks = find_blocks(model, saved_bytes)
     if not blocks or any(next(m.children(), None) is not None for _, m in blocks):
         return [Unit(name, module) for name, module in blocks]
     modules = dict(model.named_modules())
@@ -303,12 +320,15 @@ def apply_checkpointing(
     mode: Union[str, int] = "full",
     *,
     blocks: Sequence[tuple[str, nn.Module]] | None = None,
+    saved_bytes: Mapping[str, int] | None = None,
 ) -> Handle:
     """Checkpoint the model's blocks: "full", "selective", or an int n for the first n blocks.
 
     The units are `checkpoint_units(model)` (blocks, or segments of a flat Sequential);
-    `blocks` overrides them with modules of your choosing. The blocks' `forward` (a flat
-    Sequential's own) is wrapped per instance, so undo restores exactly what was there.
+    `blocks` overrides them with modules of your choosing; `saved_bytes` (module path -> bytes
+    saved for backward in a traced run) picks, of several runs of blocks, the one that saved
+    most. The blocks' `forward` (a flat Sequential's own) is wrapped per instance, so undo
+    restores exactly what was there.
     """
     if mode == "full" or mode == "selective":
         count = None
@@ -316,7 +336,7 @@ def apply_checkpointing(
         count = mode
     else:
         raise ValueError(f"checkpointing mode must be 'full', 'selective' or a block count >= 0, not {mode!r}")
-    found = checkpoint_units(model) if blocks is None else [Unit(n, m) for n, m in blocks]
+    found = checkpoint_units(model, saved_bytes) if blocks is None else [Unit(n, m) for n, m in blocks]
     if not found:
         raise ValueError(f"no repeated blocks found in {type(model).__name__}; pass blocks=[(name, module), ...]")
     chosen = found if count is None else found[:count]

@@ -125,10 +125,11 @@ class Injection:
     """The installed hooks of one `injected(plan)`; `applied` says what was done, in
     words, and `problems` what could not be."""
 
-    def __init__(self, plan: Plan, target: str | None = None) -> None:
+    def __init__(self, plan: Plan, target: str | None = None, saved: dict[str, int] | None = None) -> None:
         check_injectable(plan)
         self.plan = plan
         self.target = target                    # the class of the root to checkpoint; None: the first
+        self.saved = saved or {}                # what its modules saved as written: path -> bytes
         self.applied: list[str] = []
         self.problems: list[str] = []
         self._handles: list = []
@@ -223,7 +224,7 @@ class Injection:
         if not find_blocks(module):
             return
         try:
-            handle = apply_checkpointing(module, self.plan.checkpointing)
+            handle = apply_checkpointing(module, self.plan.checkpointing, saved_bytes=_paths_in(module, self.saved))
         except ValueError as exc:
             self.problems.append(f"ckpt={self.plan.checkpointing} not applied to {type(module).__name__}: {exc}")
         else:
@@ -254,6 +255,18 @@ class Injection:
         self._undo.append(undo)
         self.applied.append(f"{type(optimizer).__name__} switched in place to {how} before its first step")
         return None
+
+
+def _paths_in(root, saved: dict[str, int]) -> dict[str, int]:
+    """`saved` in the root's own module paths: a run names a second model of a class by the
+    variable holding it (`netD.main.0`), the root itself knows `main.0`."""
+    names = {name for name, _ in root.named_modules()}
+    out: dict[str, int] = {}
+    for path, n in saved.items():
+        path = path if path in names else path.partition(".")[2]
+        if path in names:
+            out[path] = out.get(path, 0) + n
+    return out
 
 
 def check_here(plan: Plan) -> None:
@@ -344,27 +357,39 @@ def _restore(mapping: dict, old: dict) -> None:
 def activation_root(run) -> str | None:
     """The top-level module (its class name) whose forward passes made most of the
     activations alive at the OOM, else at the peak; None when no forward saved any."""
+    by_root = _saved_by_root(run)
+    return max(by_root, key=lambda root: sum(by_root[root].values())) if by_root else None
+
+
+def saved_by_module(run, root: str | None) -> dict[str, int]:
+    """What each module of the `root` class's passes saved that was alive at the OOM, else
+    at the peak: module path -> bytes, for checkpointing the run of blocks that saved most."""
+    return _saved_by_root(run).get(root, {}) if root is not None else {}
+
+
+def _saved_by_root(run) -> dict[str, dict[str, int]]:
     import bisect
 
     from memdoctor.attribution import live_blocks, peak
     calls = sorted((c["seq_start"], c["seq_end"] if c.get("seq_end") is not None else run.num_events, c["module"])
                    for c in run.meta.get("forward_calls", []))
     if not calls:
-        return None
+        return {}
     seq = max(run.ooms[0].seq - 1, 0) if run.ooms else peak(run)[0]
     starts = [start for start, _, _ in calls]
-    by_root: dict[str, int] = {}
+    by_root: dict[str, dict[str, int]] = {}
     for b in live_blocks(run, seq):
         if b.category != "activations":
             continue
         i = bisect.bisect_right(starts, b.alloc_seq) - 1
         if i >= 0 and b.alloc_seq < calls[i][1]:
-            by_root[calls[i][2]] = by_root.get(calls[i][2], 0) + b.nbytes
-    return max(by_root, key=by_root.get) if by_root else None
+            modules = by_root.setdefault(calls[i][2], {})
+            modules[b.module or ""] = modules.get(b.module or "", 0) + b.nbytes
+    return by_root
 
 
 @contextlib.contextmanager
-def injected(plan: Plan | str, target: str | None = None) -> Iterator[Injection]:
+def injected(plan: Plan | str, target: str | None = None, saved: dict[str, int] | None = None) -> Iterator[Injection]:
     """Install the hooks that apply `plan` to whatever the code inside creates and runs;
     removed, and what they changed undone, on exit. Only what `check_injectable` allows;
     allocator settings need a new process (see `compare`). `target`: the class name of
@@ -375,7 +400,7 @@ def injected(plan: Plan | str, target: str | None = None) -> Iterator[Injection]
             raise FixError(f"{', '.join(fix.allocator)} must be set before CUDA starts: run in a new process "
                            f"with {ALLOC_ENV} set (compare() does)")
         plan = fix.plan
-    injection = Injection(plan, target)
+    injection = Injection(plan, target, saved)
     injection.install()
     try:
         yield injection
@@ -411,11 +436,12 @@ def compare(script: str, args: list[str] | None, fix: Fix | str, budget=None, so
     if not grouped:
         _end_process_group()        # the script's own: it makes it again in the 'after' run
     target = activation_root(before) if fix.plan.checkpointing is not None else None
+    saved = saved_by_module(before, target)
     # the CUDA caching allocator keeps what the first run reserved: the after starts afresh
     if fix.allocator or pick_source(source) == "allocator":
-        after, applied, problems = _after_in_new_process(script, args, fix, budget, source, target)
+        after, applied, problems = _after_in_new_process(script, args, fix, budget, source, target, saved)
     else:
-        with injected(fix.plan, target) as injection:
+        with injected(fix.plan, target, saved) as injection:
             after = trace_script(script, args, budget=budget, source=source).run
         if not grouped:
             _end_process_group()
@@ -438,7 +464,8 @@ def _end_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _after_in_new_process(script, args, fix: Fix, budget, source, target: str | None = None):
+def _after_in_new_process(script, args, fix: Fix, budget, source, target: str | None = None,
+                          saved: dict[str, int] | None = None):
     """The 'after' run in `python -m memdoctor.remedies.inject` with the fix's environment;
     the script's output goes where ours goes now."""
     import torch
@@ -457,6 +484,10 @@ def _after_in_new_process(script, args, fix: Fix, budget, source, target: str | 
             cmd += ["--budget", str(int(budget))]
         if target is not None:
             cmd += ["--target", target]
+        if saved:
+            with open(os.path.join(tmp, "saved.json"), "w") as fh:
+                json.dump(saved, fh)
+            cmd += ["--saved", fh.name]
         proc = subprocess.run([*cmd, "--", *args], env=env, stdout=stdout)
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"the 'after' run in a new process failed (exit {proc.returncode})")
@@ -488,12 +519,17 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", default="auto")
     p.add_argument("--out", required=True)
     p.add_argument("--target", help="the class of the top-level module to checkpoint")
+    p.add_argument("--saved", help="a JSON file: module path -> bytes it saved as written")
     ns = p.parse_args(argv)
     plan = Plan.parse(ns.plan)
     if plan.is_empty():
         run, applied, problems = trace_script(ns.script, script_args, budget=ns.budget, source=ns.source).run, [], []
     else:
-        with injected(plan, ns.target) as injection:
+        saved = None
+        if ns.saved:
+            with open(ns.saved) as fh:
+                saved = json.load(fh)
+        with injected(plan, ns.target, saved) as injection:
             run = trace_script(ns.script, script_args, budget=ns.budget, source=ns.source).run
         applied, problems = injection.applied, injection.problems
     run.save(ns.out)

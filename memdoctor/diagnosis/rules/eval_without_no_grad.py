@@ -59,8 +59,9 @@ def check(f: Facts) -> Finding | None:
     if f.oom_phase == NOB:
         evidence.append(f"ran out inside one of them (module {f.oom_module or '?'}, step {f.oom_step}) "
                         f"asking for {format_bytes(f.requested_bytes)}")
-    # under no_grad only the current layer's output and input live at a time
-    predicted = live - held + _largest(f)
+    # under no_grad only the current layer's output and input live at a time; and the
+    # training before the first such pass reached its own peak, which the fix leaves as it is
+    predicted = max(live - held + _largest(f), f.peak_before_no_backward)
     remedies = [Remedy("evaluate under torch.no_grad()", "wrap the evaluation loop in `with torch.no_grad():` "
                        "(or torch.inference_mode())", predicted)]
     return Finding(ID, f"forward passes without backward keep {format_bytes(held)} for nothing",
