@@ -186,3 +186,14 @@ def test_try_checkpointing_takes_the_run_of_blocks_that_saved_most(tmp_path):
     assert out["before"]["oom"]
     assert any("embedding_net.convnet" in line for line in out["after"]["injected"]), out["after"]["injected"]
     assert not out["after"]["oom"] and out["after"]["peak_bytes"] < 0.85 * out["before"]["peak_bytes"]
+
+
+def test_an_oom_while_the_data_is_made_names_the_data(tmp_path):
+    """Out of memory making a float copy of a uint8 dataset, before any model ran: the data
+    is the cause (12 MiB made and the 48 MiB asked for), not a model's working set."""
+    out = _memdoctor("diagnose", SCENARIOS / "dataset_converted_on_device.py", "--budget", "56MiB", "--json",
+                     cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "data-on-device", [f["rule"] for f in out["findings"]]
+    assert first["accounts_for_bytes"] == 4096 * 3 * 32 * 32 * (1 + 4)
+    assert "working-set" not in [f["rule"] for f in out["findings"]]

@@ -420,6 +420,20 @@ def test_a_traced_script_leaves_the_garbage_collector_as_it_was(tmp_path):
         gc.unfreeze()
 
 
+def test_arrays_torch_did_not_allocate_take_no_memory(tmp_path):
+    """torch.from_numpy and torch.as_tensor of an array wrap numpy's memory, which no device
+    holds (a GPU run copies it with `.to("cuda")`); torch.tensor copies it: one 8 MiB copy, as
+    PyTorch's profiler counts, and one more for `y * 2`."""
+    script = tmp_path / "arrays.py"
+    script.write_text("import numpy as np, torch\n"
+                      "a = np.ones((2048, 1024), dtype=np.float32)\n"
+                      "x = torch.tensor(a)\ny = torch.from_numpy(a)\nz = torch.as_tensor(a).view(-1)\n"
+                      "w = y * 2\n")
+    result = quiet_trace(script, source="dispatch")
+    assert result.exit_code == 0
+    assert A.peak(result.run)[1] == 2 * 2048 * 1024 * 4     # x and w
+
+
 def test_every_cpu_scenario_is_listed():
     """The eight CPU scenarios s01-s08 are the ones the parametrized tests below run."""
     assert cpu_scenarios() == SCENARIOS

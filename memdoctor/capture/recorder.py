@@ -148,6 +148,8 @@ class Recorder:
         if entry is not None:
             self._strengthen(entry.id, _TEMP)
             return None
+        if not storage.resizable() and not storage.is_shared():
+            return None         # memory torch did not allocate (torch.from_numpy: numpy's)
         nbytes = storage.nbytes()
         if self.budget is not None:
             self.budget(nbytes, self.live_bytes)
@@ -162,6 +164,8 @@ class Recorder:
         if entry is not None:
             self._strengthen(entry.id, category)
             return entry.id, False
+        if not storage.resizable() and not storage.is_shared():
+            return None, False  # memory torch did not allocate (torch.from_numpy: numpy's)
         nbytes = storage.nbytes()
         if self.budget is not None and not before:
             self.budget(nbytes, self.live_bytes)

@@ -64,6 +64,7 @@ class Facts:
     dataset: list[Block] = field(default_factory=list)   # made outside any forward, feeding the inputs
     dataset_batch_rows: int = 0                   # rows of the largest batch taken from it
     dataset_batches: int = 0                      # the data made as that many batches up front (0: one tensor)
+    dataset_request: int = 0                      # an OOM making data before any model ran: its request
     logits: list[Block] = field(default_factory=list)
     vocab: int | None = None
     step_activations: int = 0
@@ -471,8 +472,6 @@ def _find_dataset(f: Facts, run: Run) -> None:
     gathered = {b.id for b in f.gathered}          # outputs a loop joined, not data it reads
     setup = [b for b in f.focus_blocks if b.category in (INP, TMP, OTHER) and b.phase == Phase.OTHER.value
              and b.shape and b.id not in gathered]
-    if not setup:
-        return
     sliced_blocks, sliced_addresses = {}, {}
     for entry in run.meta.get("sliced_inputs") or ():
         if "block" in entry:
@@ -499,6 +498,9 @@ def _find_dataset(f: Facts, run: Run) -> None:
             kinds = len({(tuple(b.shape), b.dtype) for b in found})     # samples and labels: a batch each
             f.dataset, f.dataset_batch_rows = found, max(b.shape[0] for b in found)
             f.dataset_batches = max(len(found) // kinds, 1)
+        elif setup and f.oom and f.oom_phase == Phase.OTHER.value and not _model_ran(f, run):
+            # out while the script makes its data (a float copy of a uint8 dataset), no model yet
+            f.dataset, f.dataset_request = setup, f.requested_bytes or 0
         return
     lengths = {b.shape[0] for b in found if b.shape[0] >= DATASET_ROWS}
     ids, steps = {b.id for b in found}, {b.step for b in found}
@@ -523,11 +525,15 @@ def _preloaded(f: Facts, run: Run, setup: list[Block]) -> list[Block]:
     blocks = max(by_line.values(), key=lambda group: sum(b.nbytes for b in group))
     if len(blocks) < PRELOADED:
         return []
-    focus = f.focus.seq if f.focus is not None else run.num_events
-    model_ran = any(isinstance(c, dict) and c.get("params") and type(c.get("seq_start")) is int
-                    and c["seq_start"] <= focus for c in run.meta.get("forward_calls", []))
     fed = any(b.category == INP for b in blocks)
-    return blocks if not model_ran or fed else []
+    return blocks if not _model_ran(f, run) or fed else []
+
+
+def _model_ran(f: Facts, run: Run) -> bool:
+    """Whether a model (a module holding parameters) ran a forward before the focus."""
+    focus = f.focus.seq if f.focus is not None else run.num_events
+    return any(isinstance(c, dict) and c.get("params") and type(c.get("seq_start")) is int
+               and c["seq_start"] <= focus for c in run.meta.get("forward_calls", []))
 
 
 LOGIT_ROWS = 256        # a shapeless block counts as logits from this many vocabulary rows

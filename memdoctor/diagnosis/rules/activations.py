@@ -46,6 +46,7 @@ ID = "activations"
 SHARE = 0.35
 ONE_SAVER = 0.8     # one module saving this share of it: checkpointing cannot split it
 HALF = ("bfloat16", "float16")
+STATISTIC = 64      # a saved tensor this many times smaller than a block's largest is no output of it
 FP32_OPS = frozenset((      # aten ops whose outputs CUDA autocast keeps in fp32, leading "_" dropped
     "softmax", "log_softmax", "native_layer_norm", "layer_norm", "rms_norm", "fused_rms_norm", "native_group_norm",
     "group_norm", "exp", "expm1", "log", "log1p", "log2", "log10", "pow", "rsqrt", "reciprocal", "softplus",
@@ -206,12 +207,13 @@ def _largest_outside_blocks(f: Facts) -> int:
 
 def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
     """The peak with each repeated block checkpointed. The forward keeps each block's input
-    (the size of the tensor a block makes last and something saves: its output, which the
-    next block keeps) and what is saved outside the blocks (a head, a loss); backward first
-    runs back through those, with their gradients (what is in flight there, or twice the
-    largest of them where backward has not run yet), then recomputes one block at a time and,
+    (`_block_output` of the block before) and what is saved outside the blocks (a head, a
+    loss); backward first runs back through those, with their gradients (what is in flight
+    there, or twice the largest of them where backward has not run yet), then recomputes one
+    block at a time, last to first, with the inputs of the blocks before it still kept and,
     going back through it, holds its saved tensors and, at the op that made the largest of
     them, the gradients of that op's output and input (a softmax over an attention matrix).
+    Blocks that shrink (a ResNet's stages) peak at the first, blocks alike at the last.
     With fewer than two blocks found: a quarter of the working set."""
     counts = (f.run.meta.get("block_counts") or {}) if f.run else {}
     saved: dict[str, list] = {}
@@ -238,12 +240,28 @@ def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
     # going back through the head: what it keeps, and the gradients in flight there (at least
     # those of its largest saved tensor's output and input, where backward has not got that far)
     outside_work = kept["forward"] + max(kept["backward"], 2 * outside_largest)
-    largest = max(saved.values(), key=lambda bs: sum(b.nbytes for b in bs))
-    block_input = max(largest, key=lambda b: b.alloc_seq).nbytes
-    lists = {key.rpartition(".")[0] for key in saved}
-    n_blocks = sum(max(counts.get(c, 0), sum(1 for k in saved if k.rpartition(".")[0] == c)) for c in lists)
-    block_backward = sum(b.nbytes for b in largest) + 2 * max(b.nbytes for b in largest)
-    return fixed + outside + n_blocks * block_input + max(outside_work, block_backward)
+    blocks = sorted(saved.values(), key=lambda bs: min(b.alloc_seq for b in bs))
+    kept_and_work = [(_block_output(bs), sum(b.nbytes for b in bs) + 2 * max(b.nbytes for b in bs)) for bs in blocks]
+    for c in {key.rpartition(".")[0] for key in saved}:
+        ran = [i for i, bs in enumerate(blocks) if _in_blocks(f, bs[0].module).rpartition(".")[0] == c]
+        most = kept_and_work[max(ran, key=lambda i: sum(b.nbytes for b in blocks[i]))]
+        if f.oom and f.oom_phase == "forward":
+            kept_and_work[ran[-1]] = most        # the block the OOM cut short: as its list's fullest
+        kept_and_work += [most] * (counts.get(c, 0) - len(ran))     # and those it left unrun
+    # backward recomputes the blocks last to first, each with the inputs of those before it kept
+    inputs, through_blocks = 0, 0
+    for block_input, work in kept_and_work:
+        inputs += block_input
+        through_blocks = max(through_blocks, inputs + work)
+    return fixed + outside + max(inputs + outside_work, through_blocks)
+
+
+def _block_output(saved: list) -> int:
+    """What a checkpointed block keeps for the next: the size of the tensor it makes last that
+    something saves (its output, the next block's input); not a batch norm's statistics, saved
+    after it."""
+    largest = max(b.nbytes for b in saved)
+    return max((b for b in saved if b.nbytes * STATISTIC >= largest), key=lambda b: b.alloc_seq).nbytes
 
 
 def _top_modules(f: Facts, limit: int = 4) -> list[tuple[str, int]]:

@@ -15,6 +15,8 @@ Preconditions
     - or the data was made up front as batches: at least 8 tensors made by one line of the
       script before the first step, and either the OOM came before any model ran or a
       model's input was one of them;
+    - or the OOM came outside any pass before any model ran, while data was being made
+      (a float copy of a uint8 dataset): the tensors made so far and the request count;
     - together they take at least 30% of live memory.
 Why it runs out of memory
     `dataset.to("cuda")` puts every sample on the device for the whole run, while a step
@@ -44,7 +46,7 @@ SHARE = 0.3
 def check(f: Facts) -> Finding | None:
     if not f.under_pressure or f.source != "run" or not f.dataset:
         return None
-    held = sum(b.nbytes for b in f.dataset)
+    held = sum(b.nbytes for b in f.dataset) + f.dataset_request
     live = f.focus_bytes
     if held < SHARE * live:
         return None
@@ -59,6 +61,13 @@ def check(f: Facts) -> Finding | None:
         evidence.append(f"{f.dataset_batches} batches made up front by one line, "
                         + ("before the model ever ran" if not any(b.category == "inputs" for b in f.dataset)
                            else "each fed to the model in turn"))
+    if f.dataset_request:
+        evidence.append(f"ran out making more of it, asking for {format_bytes(f.dataset_request)}, "
+                        "before any model ran")
+        remedies = [Remedy("keep the data on the host", "hold the dataset in pinned CPU memory in its stored "
+                           "dtype (uint8 images stay uint8) and move and convert each batch on the way in")]
+        return Finding(ID, f"data made on the device takes {format_bytes(held)} before training starts", held,
+                       evidence, remedies, free_fix_tier(f, None), None)
     rows = biggest.shape[0] if biggest.shape else 0
     if f.dataset_batches:
         batch = held // f.dataset_batches
