@@ -197,3 +197,27 @@ def test_an_oom_while_the_data_is_made_names_the_data(tmp_path):
     assert first["rule"] == "data-on-device", [f["rule"] for f in out["findings"]]
     assert first["accounts_for_bytes"] == 4096 * 3 * 32 * 32 * (1 + 4)
     assert "working-set" not in [f["rule"] for f in out["findings"]]
+
+
+def test_an_oom_the_script_catches_and_skips_still_exits_3_with_micro_batches_first(tmp_path):
+    """fairseq-style: the OOM is caught and the batch skipped, so the script ends well; the
+    run still ran out (exit 3). On a flat stack of Linears and ReLUs checkpointing saves
+    nothing (its segments keep what the layers save): micro-batches come first, and
+    checkpointing is not predicted to fit."""
+    proc = subprocess.run([sys.executable, "-m", "memdoctor", "diagnose", str(SCENARIOS / "oom_caught_batch_skipped.py"),
+                           "--budget", "200MiB", "--json"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    first = out["findings"][0]
+    assert first["rule"] == "activations"
+    remedies = {r["plan"]: r for r in first["remedies"]}
+    assert first["remedies"][0]["plan"] == "micro=auto"
+    assert remedies["ckpt=full"]["predicted_peak_bytes"] > out["budget_bytes"]
+
+
+def test_bf16_is_not_offered_to_a_step_under_autocast_already(tmp_path):
+    """Under bf16 autocast a loss's fp32 log-softmax over a vocabulary is most of what is
+    saved; autocast is on all the same, and bf16 changes nothing (nanoGPT's loop)."""
+    out = _memdoctor("diagnose", SCENARIOS / "autocast_lm_big_vocab.py", "--budget", "450MiB", "--json", cwd=tmp_path)
+    plans = [r["plan"] for f in out["findings"] for r in f["remedies"]]
+    assert out["findings"] and "bf16" not in plans, plans

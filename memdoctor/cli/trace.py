@@ -83,8 +83,9 @@ def traced(ns):
 
 
 def exit_for(result) -> int:
-    """A traced script's exit code: out of memory, failed for another reason, or ran."""
-    if result.oom:
+    """A traced script's exit code: out of memory (an OOM the script caught and ran on
+    after, skipping a batch, counts), failed for another reason, or ran."""
+    if result.oom or getattr(result.run, "ooms", None):
         return EXIT_OOM
     if result.exit_code not in (0, None):
         if result.error:

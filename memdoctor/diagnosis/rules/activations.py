@@ -46,6 +46,7 @@ ID = "activations"
 SHARE = 0.35
 ONE_SAVER = 0.8     # one module saving this share of it: checkpointing cannot split it
 HALF = ("bfloat16", "float16")
+AUTOCAST_SEEN = 10  # a tenth of the saved bytes in 16 bits: autocast is on
 STATISTIC = 64      # a saved tensor this many times smaller than a block's largest is no output of it
 FP32_OPS = frozenset((      # aten ops whose outputs CUDA autocast keeps in fp32, leading "_" dropped
     "softmax", "log_softmax", "native_layer_norm", "layer_norm", "rms_norm", "fused_rms_norm", "native_group_norm",
@@ -98,8 +99,9 @@ def check(f: Facts) -> Finding | None:
     ]
     saved = [b for b in f.focus_blocks if b.category == "activations" and _this_step(f, b)]
     half = sum(b.nbytes for b in saved if b.dtype in HALF)
-    if saved and 2 * half >= sum(b.nbytes for b in saved):
-        # autocast is on already: most of what is saved is in 16 bits
+    if saved and AUTOCAST_SEEN * half >= sum(b.nbytes for b in saved):
+        # autocast is on already: much of what is saved is in 16 bits (the rest is what autocast
+        # keeps in fp32: a loss's log-softmax over a vocabulary can be most of it)
         evidence.append(f"{100 * half / sum(b.nbytes for b in saved):.0f}% of it is saved in 16 bits already "
                         f"(autocast on)")
         remedies = [r for r in remedies if r.plan != "bf16"]
@@ -214,7 +216,8 @@ def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
     going back through it, holds its saved tensors and, at the op that made the largest of
     them, the gradients of that op's output and input (a softmax over an attention matrix).
     Blocks that shrink (a ResNet's stages) peak at the first, blocks alike at the last.
-    With fewer than two blocks found: a quarter of the working set."""
+    With fewer than two blocks, run or in a list the run recorded: no gain (a flat stack's
+    segments keep what its layers saved)."""
     counts = (f.run.meta.get("block_counts") or {}) if f.run else {}
     saved: dict[str, list] = {}
     outside, outside_largest = 0, 0
@@ -229,8 +232,8 @@ def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
                 saved.setdefault(key, []).append(b)
         elif key is None and b.category == "temporaries" and b.step == f.focus.step and b.phase in kept:
             kept[b.phase] += b.nbytes
-    if len(saved) < 2:
-        return fixed + scaling // 4
+    if len(saved) < 2 and not any(counts.get(key.rpartition(".")[0], 0) >= 2 for key in saved):
+        return fixed + scaling          # nothing to split: no gain can be shown
     request = f.requested_bytes or 0 if f.oom and _in_blocks(f, f.oom_module) is None else 0
     if f.oom_phase == "forward":
         kept["forward"] += request      # the output asked for: saved, or handed on
