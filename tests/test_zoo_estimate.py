@@ -254,7 +254,7 @@ def _t5_checkpointed_as_measured(monkeypatch):
     """The H200 checkpointed T5 at its encoder and decoder stacks, the units ckpt=full took
     then; it now takes the stacks' blocks (tests/test_checkpoint_units.py)."""
     import memdoctor.remedies.checkpointing as checkpointing
-    monkeypatch.setattr(checkpointing, "find_blocks", lambda model: [
+    monkeypatch.setattr(checkpointing, "find_blocks", lambda model, saved_bytes=None: [
         (name, module) for name, module in model.named_modules() if type(module).__name__ == "T5Stack"])
 
 
