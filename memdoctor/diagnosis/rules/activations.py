@@ -243,11 +243,12 @@ def _full_checkpointing_peak(f: Facts, fixed: int, scaling: int) -> int:
     # going back through the head: what it keeps, and the gradients in flight there (at least
     # those of its largest saved tensor's output and input, where backward has not got that far)
     outside_work = kept["forward"] + max(kept["backward"], 2 * outside_largest)
-    blocks = sorted(saved.values(), key=lambda bs: min(b.alloc_seq for b in bs))
-    kept_and_work = [(_block_output(bs), sum(b.nbytes for b in bs) + 2 * max(b.nbytes for b in bs)) for bs in blocks]
+    order = sorted(saved, key=lambda key: min(b.alloc_seq for b in saved[key]))
+    kept_and_work = [(_block_output(saved[key]), sum(b.nbytes for b in saved[key]) + 2 * max(b.nbytes for b in saved[key]))
+                     for key in order]
     for c in {key.rpartition(".")[0] for key in saved}:
-        ran = [i for i, bs in enumerate(blocks) if _in_blocks(f, bs[0].module).rpartition(".")[0] == c]
-        most = kept_and_work[max(ran, key=lambda i: sum(b.nbytes for b in blocks[i]))]
+        ran = [i for i, key in enumerate(order) if key.rpartition(".")[0] == c]
+        most = kept_and_work[max(ran, key=lambda i: sum(b.nbytes for b in saved[order[i]]))]
         if f.oom and f.oom_phase == "forward":
             kept_and_work[ran[-1]] = most        # the block the OOM cut short: as its list's fullest
         kept_and_work += [most] * (counts.get(c, 0) - len(ran))     # and those it left unrun

@@ -47,7 +47,7 @@ def check(f: Facts) -> Finding | None:
     phase = f.oom_phase if f.oom else f.focus.phase
     if phase == Phase.FORWARD_NO_BACKWARD.value or (f.oom and f.oom_grad_enabled is False):
         return None             # an evaluation under no_grad: no activations pile up beside them
-    if f.run is not None and f.run.meta.get("steps_from") == "backward" and f.run.meta.get("optimizers"):
+    if f.steps_from == "backward" and f.optimizer:
         return None             # steps are backward calls before an optimizer's first step: accumulation
     evidence = [f"{format_bytes(grads)} of gradients from earlier steps alive during the {phase} of step "
                 f"{f.focus.step}, {100 * grads / live:.0f}% of {format_bytes(live)}"]
