@@ -118,10 +118,10 @@ class Counting(TorchDispatchMode):
 
 def _skip_dynamo(mode_type) -> None:
     """Mark the bare mode's __torch_dispatch__ for dynamo to skip, as memdoctor marks its own
-    (memdoctor.capture.dispatch), so the floor is the mode's own cost."""
-    from memdoctor.capture import dispatch
-    if dispatch._SKIP_ALL is not None:
-        dispatch._set_code_exec_strategy(mode_type.__torch_dispatch__.__code__, dispatch._SKIP_ALL)
+    (memdoctor.capture.lean_mode), so the floor is the mode's own cost."""
+    from memdoctor.capture import lean_mode
+    if lean_mode._SKIP_ALL is not None:
+        lean_mode._set_code_exec_strategy(mode_type.__torch_dispatch__.__code__, lean_mode._SKIP_ALL)
 
 
 def baseline_tracer(tree: str):
