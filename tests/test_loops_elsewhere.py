@@ -221,3 +221,18 @@ def test_bf16_is_not_offered_to_a_step_under_autocast_already(tmp_path):
     out = _memdoctor("diagnose", SCENARIOS / "autocast_lm_big_vocab.py", "--budget", "450MiB", "--json", cwd=tmp_path)
     plans = [r["plan"] for f in out["findings"] for r in f["remedies"]]
     assert out["findings"] and "bf16" not in plans, plans
+
+
+def test_a_leak_that_runs_out_in_the_third_step_is_named(tmp_path):
+    """Too few steps for a slope: the logits kept from each of the two steps before the OOM's
+    (8 MiB each, `all_logits.append(logits)`) are the leak, and its fix is predicted at the
+    fixed script's traced peak."""
+    script = SCENARIOS / "leak_in_three_steps.py"
+    out = _memdoctor("diagnose", script, "--budget", "140MiB", "--json", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "leak", [f["rule"] for f in out["findings"]]
+    assert first["accounts_for_bytes"] == 2 * 256 * 8192 * 4
+    assert first["source"]["text"].startswith("all_logits.append(")
+    fixed = _memdoctor("trace", script, "--json", "--", "fixed", cwd=tmp_path)["peak_bytes"]
+    predicted = first["remedies"][0]["predicted_peak_bytes"]
+    assert abs(predicted - fixed) <= 0.05 * fixed and predicted < out["budget_bytes"], (predicted, fixed)

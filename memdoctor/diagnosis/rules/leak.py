@@ -8,7 +8,9 @@ What it detects
 Preconditions
     - steps are recognised from what the script repeats: optimizer steps, else the ends
       of `backward()` calls (a hand-written update such as `p.data.add_(p.grad, alpha=-lr)`),
-      else calls of the model; at least 4 steps were seen;
+      else calls of the model; at least 4 steps were seen; or, with an OOM in the third or
+      fourth optimizer step (or backward call), tensors one line made alike in every
+      earlier step, the oldest two or more steps back, are all still alive;
     - the bytes alive at the end of each complete step that earlier steps made grow by a
       positive slope (optimizer state, made once in step 0, is never part of it), and
       that growth accounts for a real part of what is kept;
@@ -44,13 +46,14 @@ ID = "leak"
 MIN_STEPS = 4
 SHARE = 0.1
 GROWING = 0.25      # the growth over the steps kept accounts for this much of what is kept
+_STATES = ("weights", "gradients", "optimizer_state")     # live for the run by design
 STEP_WORDS = {"optimizer": "optimizer steps", "backward": "backward() calls", "forward": "model calls"}
 
 
 def check(f: Facts) -> Finding | None:
     if f.source != "run":
         return None
-    return _across_steps(f) or _gathered_in_step(f)
+    return _across_steps(f) or _over_few_steps(f) or _gathered_in_step(f)
 
 
 def _gathered_in_step(f: Facts) -> Finding | None:
@@ -123,6 +126,44 @@ def _across_steps(f: Facts) -> Finding | None:
                    leaked, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted),
                    {"growth_per_step": f.growth_per_step, "steps": steps[-1] - steps[0] + 1,
                     "steps_from": f.steps_from})
+
+
+def _over_few_steps(f: Facts) -> Finding | None:
+    """An OOM in step 2 or 3, too few steps for a slope: tensors one line made alike (name,
+    shape, dtype) in every earlier training step, the oldest two or more steps back, still
+    alive. The last step's alone may be in use still (its loss); a copy from each step is what
+    a list of them keeps."""
+    current = f.focus.step if f.focus else 0
+    if not f.oom or current not in (2, 3) or f.steps_from not in ("optimizer", "backward"):
+        return None
+    groups: dict[tuple, list] = {}
+    for b in f.focus_blocks:
+        if b.category in _STATES or b.step >= current or (b.step == 0 and b.phase == "other"):
+            continue
+        if f.pending_from_seq is not None and b.alloc_seq >= f.pending_from_seq:
+            continue            # passes still awaiting their backward
+        groups.setdefault((b.source, b.name, tuple(b.shape), b.dtype), []).append(b)
+    leaked = [b for blocks in groups.values() if {b.step for b in blocks} == set(range(current)) for b in blocks]
+    kept = sum(b.nbytes for b in leaked)
+    live = f.focus_bytes
+    if kept < SHARE * live:
+        return None
+    kinds = Counter((b.name, tuple(b.shape), b.dtype, b.module) for b in leaked)
+    (name, shape, dtype, module), count = kinds.most_common(1)[0]
+    evidence = [f"{format_bytes(kept)} made alike in each of the {current} steps before the OOM's is still alive "
+                f"({plural(len(leaked), 'tensor')}; steps: {STEP_WORDS[f.steps_from]}), "
+                f"{100 * kept / live:.0f}% of {format_bytes(live)}",
+                f"most common: {count} x {name} {'x'.join(map(str, shape))} {dtype}"
+                + (f" from module {module}" if module else "")]
+    predicted = live - kept
+    remedies = [Remedy("keep detached copies or numbers",
+                       f"what keeps the {name} outputs alive across steps: store `.item()` or "
+                       "`.detach().cpu()` instead of the live tensor", predicted)]
+    return Finding(ID, f"memory leaks across steps: {format_bytes(kept // current)} a step, "
+                       f"{format_bytes(kept)} kept from earlier steps",
+                   kept, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted),
+                   {"growth_per_step": kept / current, "steps": current, "steps_from": f.steps_from},
+                   blocks=leaked)
 
 
 def _without_graph(blocks) -> bool:
