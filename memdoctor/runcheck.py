@@ -85,7 +85,7 @@ META = obj(rank=SIZE, world_size=_int_in(1, MAX_SIZE), peak_live_bytes=SIZE, exi
            sliced_inputs=list_of(obj(block=SIZE, address=SIZE, rows=SIZE)), block_counts=counts_by_name,
            recomputed_in_backward=list_of(STR), checkpointed_in_forward=list_of(STR), frameworks=list_of(STR),
            ddp=list_of(obj(gradient_as_bucket_view=BOOL, param_bytes=SIZE)),
-           kept_by=list_of(obj(source=INT, holder=STR, blocks=list_of(SIZE))))
+           kept_by=list_of(obj(source=INT, holder=STR, blocks=list_of(SIZE))), oom_building=obj(module=STR, how=STR))
 SEGMENT = obj(address=SIZE, total_size=SIZE, allocated_size=SIZE, inactive_size=SIZE,
               largest_inactive=SIZE, segment_type=STR, is_expandable=BOOL, blocks_omitted=SIZE,
               blocks=list_of(obj(size=SIZE, state=opt(STR))))

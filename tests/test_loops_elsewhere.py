@@ -236,3 +236,56 @@ def test_a_leak_that_runs_out_in_the_third_step_is_named(tmp_path):
     fixed = _memdoctor("trace", script, "--json", "--", "fixed", cwd=tmp_path)["peak_bytes"]
     predicted = first["remedies"][0]["predicted_peak_bytes"]
     assert abs(predicted - fixed) <= 0.05 * fixed and predicted < out["budget_bytes"], (predicted, fixed)
+
+
+def test_a_contrastive_loss_keeps_its_batch_whole(tmp_path):
+    """CLIP's loss scores each sample against the batch's others: micro-batches would change
+    it. Gradient caching is offered in their place, predicted no lower than a run that does
+    it, which trains to the same losses."""
+    script = SCENARIOS / "contrastive_two_towers.py"
+    out = _memdoctor("diagnose", script, "--budget", "230MiB", "--json", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "activations"
+    assert "micro=auto" not in [r["plan"] for r in first["remedies"]], first["remedies"]
+    assert any("compares the batch's samples" in e for e in first["evidence"]), first["evidence"]
+    cached = next(r for r in first["remedies"] if r["title"].startswith("gradient caching"))
+    traced = _memdoctor("trace", script, "--json", "--", "gradcache", "4", cwd=tmp_path)["peak_bytes"]
+    assert traced <= cached["predicted_peak_bytes"] <= 1.1 * traced, (cached, traced)
+    losses = [subprocess.run([sys.executable, script, *extra], capture_output=True, text=True, check=True,
+                             timeout=300).stdout.split("done")[0] for extra in ([], ["gradcache", "4"])]
+    plain, gradcache = ([float(line.split()[-1]) for line in text.splitlines()] for text in losses)
+    assert plain == pytest.approx(gradcache, abs=1e-5)
+
+
+def test_a_leak_that_runs_out_in_the_second_step_is_named(tmp_path):
+    """One step before the OOM's: its reconstruction, held by a list the script appends to, is
+    the leak (the step's outputs in a plain variable would be in use still)."""
+    script = SCENARIOS / "leak_in_two_steps.py"
+    out = _memdoctor("diagnose", script, "--budget", "240MiB", "--json", cwd=tmp_path)
+    assert out["ooms"][0]["step"] == 1
+    first = out["findings"][0]
+    assert first["rule"] == "leak", [f["rule"] for f in out["findings"]]
+    assert first["accounts_for_bytes"] == 2048 * 4096 * 4
+    assert first["source"]["text"].startswith("reconstructions.append(")
+    fixed = _memdoctor("trace", script, "--json", "--", "fixed", cwd=tmp_path)["peak_bytes"]
+    predicted = first["remedies"][0]["predicted_peak_bytes"]
+    assert abs(predicted - fixed) <= 0.05 * fixed and predicted < out["budget_bytes"], (predicted, fixed)
+
+
+@pytest.mark.parametrize("extra, how, cls, built", [
+    ([], "built", "Linear", 3 * _linear(4096, 4096) * 4),           # three of five made
+    (["data"], "built", "Linear", 0),
+    (["convert"], "moved", "Sequential", 0)])
+def test_a_model_that_does_not_fit_while_it_is_built_is_named(extra, how, cls, built, tmp_path):
+    """The OOM comes while the model's weights are made (or converted): that is the model not
+    fitting, not data made before any model ran."""
+    out = _memdoctor("diagnose", SCENARIOS / "model_too_big_to_build.py", "--budget", "200MiB", "--json", "--",
+                     *extra, cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "model-states", [(f["rule"], f["title"]) for f in out["findings"]]
+    assert (first["details"]["how"], first["details"]["building"]) == (how, cls)
+    asked = 4096 * 4096 * (8 if how == "moved" else 4)
+    assert (first["details"]["built"], first["details"]["requested"]) == (built, asked)
+    assert "data-on-device" not in [f["rule"] for f in out["findings"]]
+    plans = [r["title"] for r in first["remedies"]]
+    assert plans[0] == ("keep the data on the host" if extra == ["data"] else "shard the parameters (ZeRO-3 / FSDP)")

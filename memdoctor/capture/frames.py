@@ -148,3 +148,20 @@ def _is_user_cached(filename: str) -> bool:
     if mine is None:
         mine = _user_files[filename] = is_user_file(filename)
     return mine
+
+
+def model_being_built(frame) -> dict | None:
+    """What the stack from `frame` outwards is doing to a model, read at an OOM: building it
+    (the outermost `nn.Module.__init__` running) or moving it (`Module._apply`, behind
+    `.to()`, `.cuda()`, `.half()`): {"module": its class, "how": "built" or "moved"}; None
+    where neither runs (an OOM in a step)."""
+    import torch
+    apply, module, found = torch.nn.Module._apply.__code__, torch.nn.Module, None
+    while frame is not None:
+        code = frame.f_code
+        if code is apply or code.co_name == "__init__":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, module):
+                found = {"module": type(owner).__name__, "how": "moved" if code is apply else "built"}
+        frame = frame.f_back
+    return found

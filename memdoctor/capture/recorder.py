@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import sys
 import time
 import weakref
 from typing import Any, Callable
@@ -26,6 +27,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from memdoctor.capture.block_columns import BlockColumns
 from memdoctor.collector import paused_gc
+from memdoctor.capture.frames import model_being_built
 from memdoctor.run import OOM, Action, Category, Mark, Phase, Run, stronger
 
 log = logging.getLogger("memdoctor")
@@ -375,6 +377,13 @@ class Recorder:
         self.run.event_blocks.append(-1)
         self.run.event_bytes.append(requested or 0)
         self.run.ooms.append(oom)
+        if len(self.run.ooms) == 1:
+            try:
+                building = model_being_built(sys._getframe(1))
+            except Exception:           # memdoctor's failure must not change the OOM
+                building = None
+            if building:
+                self.run.meta["oom_building"] = building
         return oom
 
     def close(self) -> Run:

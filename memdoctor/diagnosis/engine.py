@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
-from memdoctor.diagnosis.base import FREE_FIX, PARTIAL, Finding, fits
+from memdoctor.diagnosis.base import FREE_FIX, PARTIAL, Finding, Remedy, fits
 from memdoctor.diagnosis.facts import Facts
 from memdoctor.diagnosis.registry import FALLBACK, RULES, load
 from memdoctor.diagnosis.sources import attach_sources
@@ -30,6 +31,7 @@ def diagnose(facts: Facts, select: list[str] | None = None) -> list[Finding]:
     for finding in findings:
         _add_pending_state(finding, facts)
         _add_forward_rest(finding, facts)
+        _keep_the_batch_whole(finding, facts)
         _fitting_first(finding, facts)
         if finding.tier == FREE_FIX and finding.fits_after_fix is False:
             finding.tier = PARTIAL      # what the fixed run makes later still leaves it out of memory
@@ -83,6 +85,30 @@ def _add_forward_rest(finding: Finding, facts: Facts) -> None:
         finding.fits_after_fix = fits(facts, min(predicted))
     if facts.forward_rest_note and facts.forward_rest_note not in finding.evidence:
         finding.evidence.append(facts.forward_rest_note)
+
+
+def _keep_the_batch_whole(finding: Finding, facts: Facts) -> None:
+    """A loss that compares the batch's samples with one another (a contrastive loss) changes
+    when the batch is split: micro-batches give way to caching the embeddings' gradients
+    (GradCache), which splits the passes but computes the loss over the whole batch."""
+    if not facts.in_batch_pairs:
+        return
+    micro = [r for r in finding.remedies if r.plan == "micro=auto"]
+    if not micro:
+        return
+    pair = max(facts.in_batch_pairs, key=lambda b: b.nbytes)
+    where = facts.run.sources[pair.source] if facts.run and 0 <= pair.source < len(facts.run.sources) else None
+    finding.evidence.append(
+        f"the loss compares the batch's samples with one another ({'x'.join(map(str, pair.shape))} "
+        f"{pair.name}" + (f" at {Path(where[0]).name}:{where[1]}" if where else "") + "): micro-batches "
+        "would change it, each sample meeting fewer others")
+    for r in micro:
+        finding.remedies[finding.remedies.index(r)] = Remedy(
+            "gradient caching (GradCache)",
+            "embed the batch in chunks without grad, compute the loss over all the embeddings, then "
+            "back-propagate each chunk again with its embeddings' gradients: the same loss and gradients, "
+            "a chunk's activations at a time",
+            None if r.predicted_peak_bytes is None else r.predicted_peak_bytes + facts.in_batch_pair_bytes, None)
 
 
 def _fitting_first(finding: Finding, facts: Facts) -> None:

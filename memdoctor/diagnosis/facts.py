@@ -12,6 +12,7 @@ from typing import Any
 
 from memdoctor.attribution import Breakdown, breakdown_at, peak, per_step
 from memdoctor.diagnosis.forward_cut import forward_rest, step_held
+from memdoctor.diagnosis.in_batch import pair_bytes_at_once, pair_matrices
 from memdoctor.run import Block, Category, Phase, Run
 from memdoctor.units import format_bytes
 
@@ -40,6 +41,7 @@ class Facts:
     oom_step: int | None = None
     oom_module: str | None = None
     oom_grad_enabled: bool | None = None          # grad mode of the outermost forward running at the OOM
+    oom_building: dict | None = None              # an OOM building or moving a model: {module, how}
     pending_passes: int = 0                       # training passes since the last backward, at an OOM
     pending_activations: int = 0                  # and what they saved for it
     pending_from_seq: int | None = None           # the event where the first of them began
@@ -67,6 +69,8 @@ class Facts:
     dataset_request: int = 0                      # an OOM making data before any model ran: its request
     logits: list[Block] = field(default_factory=list)
     vocab: int | None = None
+    in_batch_pairs: list[Block] = field(default_factory=list)    # the loss compares the batch's samples
+    in_batch_pair_bytes: int = 0                  # such matrices alive at once in the focus step
     step_activations: int = 0
     oom_in_training_forward: bool = False
     step_held_bytes: int = 0                      # an OOM in a training step: what its passes made, hold, not seen saved
@@ -225,6 +229,7 @@ def facts_from_run(run: Run) -> Facts:
         f.oom, f.requested_bytes = True, o.requested_bytes
         f.oom_phase, f.oom_step, f.oom_module = o.phase, o.step, o.module
         f.oom_grad_enabled = _grad_mode_at(run, o.seq)
+        f.oom_building = run.meta.get("oom_building")
         focus_seq = max(o.seq - 1, 0)
         if not o.simulated:
             _allocator_facts(f, o.message)
@@ -270,6 +275,9 @@ def facts_from_run(run: Run) -> Facts:
                                  if b.category == ACT and b.step == current_step and b.phase != nob),  # back-propagated is not
                              f.pending_activations)
     _find_logits(f)
+    f.in_batch_pairs = pair_matrices(run)
+    if f.in_batch_pairs:
+        f.in_batch_pair_bytes = pair_bytes_at_once(run, f.in_batch_pairs, current_step)
     if f.oom:
         call = _running_call(run, run.ooms[0].seq)
         f.oom_in_training_forward = bool(f.oom_phase == Phase.FORWARD.value and call and call.get("training")
@@ -498,7 +506,7 @@ def _find_dataset(f: Facts, run: Run) -> None:
             kinds = len({(tuple(b.shape), b.dtype) for b in found})     # samples and labels: a batch each
             f.dataset, f.dataset_batch_rows = found, max(b.shape[0] for b in found)
             f.dataset_batches = max(len(found) // kinds, 1)
-        elif setup and f.oom and f.oom_phase == Phase.OTHER.value and not _model_ran(f, run):
+        elif setup and f.oom and f.oom_phase == Phase.OTHER.value and not _model_ran(f, run) and not f.oom_building:
             # out while the script makes its data (a float copy of a uint8 dataset), no model yet
             f.dataset, f.dataset_request = setup, f.requested_bytes or 0
         return

@@ -25,6 +25,9 @@ Fix
     different lines (a triplet loss over three calls, chained generators) share one loss, and
     passes of different models called once each (two towers, a GAN's generator and
     discriminator) are no such case.
+    Where the loss compares the batch's samples with one another (a contrastive loss's
+    batch x batch scores), micro-batches would change it: gradient caching is offered in
+    their place (memdoctor.diagnosis.in_batch; seen only once the loss has run).
     Where one module saves at least 80% (a recurrent layer over a long sequence), no
     checkpointing is offered: recomputing that module brings its saved tensors back whole;
     where most of it is saved in 16 bits already (autocast on), or in float64 (which autocast
@@ -86,7 +89,8 @@ def check(f: Facts) -> Finding | None:
         evidence.append(f.forward_rest_note)
     if modules:
         evidence.append("largest savers: " + ", ".join(f"{m} {format_bytes(n)}" for m, n in modules))
-    ckpt_full = _full_checkpointing_peak(f, fixed, scaling)
+    # checkpointing never keeps more than the run as written (single layers keep their inputs)
+    ckpt_full = min(_full_checkpointing_peak(f, fixed, scaling), fixed + scaling)
     remedies = [
         Remedy("activation checkpointing per block", "Plan(checkpointing='full'): keep block inputs only, recompute in backward",
                ckpt_full, "ckpt=full"),
@@ -97,6 +101,8 @@ def check(f: Facts) -> Finding | None:
         Remedy("bf16 autocast", "Plan(precision='bf16'): activations in 16 bits",
                fixed + int(scaling * (1 + _kept_in_fp32(f)) / 2), "bf16"),
     ]
+    if ckpt_full >= fixed + scaling:    # no gain: the fixes that gain come first
+        remedies = remedies[2:] + remedies[:2]
     saved = [b for b in f.focus_blocks if b.category == "activations" and _this_step(f, b)]
     half = sum(b.nbytes for b in saved if b.dtype in HALF)
     if saved and AUTOCAST_SEEN * half >= sum(b.nbytes for b in saved):

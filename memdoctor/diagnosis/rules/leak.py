@@ -10,7 +10,9 @@ Preconditions
       of `backward()` calls (a hand-written update such as `p.data.add_(p.grad, alpha=-lr)`),
       else calls of the model; at least 4 steps were seen; or, with an OOM in the third or
       fourth optimizer step (or backward call), tensors one line made alike in every
-      earlier step, the oldest two or more steps back, are all still alive;
+      earlier step, the oldest two or more steps back, are all still alive; or, with an OOM
+      in the second, the first step's tensors a container holds that a line of the script
+      adds to (`history.append(recon)`);
     - the bytes alive at the end of each complete step that earlier steps made grow by a
       positive slope (optimizer state, made once in step 0, is never part of it), and
       that growth accounts for a real part of what is kept;
@@ -129,19 +131,25 @@ def _across_steps(f: Facts) -> Finding | None:
 
 
 def _over_few_steps(f: Facts) -> Finding | None:
-    """An OOM in step 2 or 3, too few steps for a slope: tensors one line made alike (name,
-    shape, dtype) in every earlier training step, the oldest two or more steps back, still
-    alive. The last step's alone may be in use still (its loss); a copy from each step is what
-    a list of them keeps."""
+    """An OOM in the second, third or fourth step, too few steps for a slope: tensors one line
+    made alike (name, shape, dtype) in every earlier training step still alive. The last
+    step's alone may be in use still (its outputs, its loss): a copy from each of two or more
+    steps is what a list keeps; with one step before, only those a container the script adds
+    to (`history.append(x)`) holds count."""
     current = f.focus.step if f.focus else 0
-    if not f.oom or current not in (2, 3) or f.steps_from not in ("optimizer", "backward"):
+    if not f.oom or current not in (1, 2, 3) or f.steps_from not in ("optimizer", "backward"):
         return None
+    calls = [c["seq_start"] for c in (f.run.meta.get("forward_calls") or []) if isinstance(c, dict)] if f.run else []
+    training_from = min(calls, default=0)       # what was made before the first model call is set-up (data)
+    held = {i for k in ((f.run.meta.get("kept_by") or []) if f.run else []) for i in k.get("blocks", [])}
     groups: dict[tuple, list] = {}
     for b in f.focus_blocks:
-        if b.category in _STATES or b.step >= current or (b.step == 0 and b.phase == "other"):
+        if b.category in _STATES or b.step >= current or b.alloc_seq < training_from:
             continue
         if f.pending_from_seq is not None and b.alloc_seq >= f.pending_from_seq:
             continue            # passes still awaiting their backward
+        if current == 1 and b.id not in held:
+            continue            # the first step's outputs and loss are in use until the second's replace them
         groups.setdefault((b.source, b.name, tuple(b.shape), b.dtype), []).append(b)
     leaked = [b for blocks in groups.values() if {b.step for b in blocks} == set(range(current)) for b in blocks]
     kept = sum(b.nbytes for b in leaked)
@@ -150,7 +158,9 @@ def _over_few_steps(f: Facts) -> Finding | None:
         return None
     kinds = Counter((b.name, tuple(b.shape), b.dtype, b.module) for b in leaked)
     (name, shape, dtype, module), count = kinds.most_common(1)[0]
-    evidence = [f"{format_bytes(kept)} made alike in each of the {current} steps before the OOM's is still alive "
+    made = (f"made alike in each of the {current} steps before the OOM's" if current > 1 else
+            "made in the step before the OOM's and held by a container the script adds to")
+    evidence = [f"{format_bytes(kept)} {made} is still alive "
                 f"({plural(len(leaked), 'tensor')}; steps: {STEP_WORDS[f.steps_from]}), "
                 f"{100 * kept / live:.0f}% of {format_bytes(live)}",
                 f"most common: {count} x {name} {'x'.join(map(str, shape))} {dtype}"

@@ -6,7 +6,10 @@ What it detects
 Preconditions
     - the run is under pressure (an OOM, or a peak within 20% of the limit);
     - weights + gradients + optimizer state, as they are once every parameter has its
-      gradient and its state, take at least half the limit.
+      gradient and its state, take at least half the limit;
+    - or the OOM came while a model was built on the device or moved (converted) there: an
+      `nn.Module.__init__` or `Module._apply` (`.to()`, `.cuda()`, `.double()`) on the
+      stack. Its full size is then unknown: the finding gives what was made and asked for.
 Why it runs out of memory
     Adam keeps two fp32 tensors per parameter: with fp32 weights and gradients that is 16
     bytes a parameter. A 1.5B-parameter model needs about 23 GiB before its first batch.
@@ -72,6 +75,8 @@ def _mostly_fp32(f: Facts) -> bool:
 
 
 def check(f: Facts) -> Finding | None:
+    if f.source == "run" and f.oom and f.oom_building:
+        return _while_building(f)
     if not f.under_pressure or f.source != "run" or not f.limit_bytes:
         return None
     buckets = f.ddp_bucket_bytes         # DDP's copy of the gradients, alive the whole run
@@ -152,3 +157,37 @@ def check(f: Facts) -> Finding | None:
     return Finding(ID, f"model states take {format_bytes(states)} of the {format_bytes(f.limit_bytes)} limit",
                    states, evidence, remedies, STRUCTURAL, fits(f, best),
                    {"weights": weights, "gradients": grads, "optimizer_state": state})
+
+
+def _while_building(f: Facts) -> Finding:
+    """An OOM while the model is built on the device or moved there (`model.to("cuda")`): its
+    weights alone do not fit beside what is there already. How big the whole model is, the
+    run never got to know: the bytes are what was made of it and what it asked for next."""
+    run, cls, how = f.run, f.oom_building.get("module", "the model"), f.oom_building.get("how", "built")
+    line = f.run.ooms[0].source if run and run.ooms else -1
+    where = run.sources[line] if run and 0 <= line < len(run.sources) else None
+    built = sum(b.nbytes for b in f.focus_blocks if b.category in ("weights", "temporaries", "other") and (
+        b.source == line or (run and 0 <= b.source < len(run.sources) and run.sources[b.source][2] == "__init__")))
+    asked, live = f.requested_bytes or 0, f.focus_bytes
+    before = max(live - built - asked, 0)       # the focus holds the request
+    doing = "building" if how == "built" else "moving (or converting)"
+    evidence = [f"ran out {doing} a {cls}" + (f" (at line {where[1]})" if where else "")
+                + f", asking for {format_bytes(asked)} with {format_bytes(built)} of the model made: its weights "
+                f"need more than {format_bytes(built + asked)}, before any gradient, optimizer state or activation"]
+    if before:
+        evidence.append(f"{format_bytes(before)} was on the device before (data, another model)")
+    remedies = [
+        Remedy("shard the parameters (ZeRO-3 / FSDP)", "build it on the meta device and shard it over the GPUs: "
+               "Plan(zero=3) under torchrun, or FSDP's fully_shard", None, "zero=3"),
+        Remedy("weights in bf16", "build or load it in bf16 (`from_pretrained(..., dtype=torch.bfloat16)`, or "
+               "`.to(torch.bfloat16)` on the CPU first) where only part of it is trained (a frozen base, LoRA)", None),
+    ]
+    if how == "built" and before >= FROZEN * live:     # (a conversion's old copy is no data)
+        remedies.insert(0, Remedy("keep the data on the host", "what was on the device before the model (a "
+                                  "preloaded dataset) can stay in pinned CPU memory, each batch moved as it is used",
+                                  None))
+    return Finding(ID, f"the model does not fit: it ran out {doing} a {cls}, its weights over "
+                   f"{format_bytes(built + asked)}" + (f" beside {format_bytes(before)} made before it" if before else ""),
+                   built + asked, evidence, remedies, STRUCTURAL, None,
+                   {"building": cls, "how": how, "built": built, "requested": asked})
+
