@@ -150,18 +150,43 @@ def _is_user_cached(filename: str) -> bool:
     return mine
 
 
-def model_being_built(frame) -> dict | None:
-    """What the stack from `frame` outwards is doing to a model, read at an OOM: building it
-    (the outermost `nn.Module.__init__` running) or moving it (`Module._apply`, behind
+def model_being_built(frame=None, tb=None) -> dict | None:
+    """What the stack was doing to a model at an OOM, read from the frames from `frame`
+    outwards, or from a traceback's (a CUDA OOM is known only once it has unwound): building
+    it (the outermost `nn.Module.__init__` running) or moving it (`Module._apply`, behind
     `.to()`, `.cuda()`, `.half()`): {"module": its class, "how": "built" or "moved"}; None
-    where neither runs (an OOM in a step)."""
+    where neither ran (an OOM in a step)."""
     import torch
     apply, module, found = torch.nn.Module._apply.__code__, torch.nn.Module, None
+    frames = []
     while frame is not None:
-        code = frame.f_code
-        if code is apply or code.co_name == "__init__":
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, module):
-                found = {"module": type(owner).__name__, "how": "moved" if code is apply else "built"}
+        frames.append(frame)
         frame = frame.f_back
-    return found
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for f in frames:
+        code = f.f_code
+        if code is apply or code.co_name == "__init__":
+            owner = f.f_locals.get("self")
+            if isinstance(owner, module) and (found is None or frame_depth(f) < found[0]):
+                found = (frame_depth(f), {"module": type(owner).__name__,
+                                          "how": "moved" if code is apply else "built"})
+    return found[1] if found else None
+
+
+def frame_depth(frame) -> int:
+    """How many frames are outside `frame`: the outermost is 0."""
+    depth = 0
+    while frame.f_back is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+def note_oom_building(run, tb) -> None:
+    """An OOM raised while a model was built or moved (memdoctor.diagnosis's model-states
+    names it): noted from its traceback where the OOM was recorded without its stack."""
+    if run.ooms and "oom_building" not in run.meta and tb is not None:
+        building = model_being_built(tb=tb)
+        if building:
+            run.meta["oom_building"] = building

@@ -16,7 +16,7 @@ from memdoctor.capture.named_tensors import name_blocks
 from memdoctor.capture.ranks import rank_info
 from memdoctor.capture.dispatch import DispatchSource
 from memdoctor.capture.hooks import OwnershipHooks
-from memdoctor.capture.frames import note_oom_line
+from memdoctor.capture.frames import note_oom_building, note_oom_line
 from memdoctor.capture.keepers import attach_keepers, find_held
 from memdoctor.capture.oomlog import requested_bytes
 from memdoctor.capture.recorder import Recorder
@@ -185,6 +185,7 @@ class Tracer:
         if self.allocator is None:
             self.run.meta["peak_live_bytes"] = rec.peak_bytes
         note_oom_line(self.run, tb)
+        note_oom_building(self.run, tb)
         label_forwards_without_backward(self.run, ended_in_oom=bool(self.run.ooms))
 
 
