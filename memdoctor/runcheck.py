@@ -70,7 +70,7 @@ DEVICE = obj(type=STR, index=SIZE, name=opt(STR), capacity_bytes=opt(SIZE), rese
              allocator_settings=opt(obj()), nvml=_NVML, nvml_at_oom=_NVML)
 _FORWARD_CALL = obj(index=SIZE, module=STR, seq_start=SIZE, seq_end=opt(SIZE), training=BOOL,
                     grad_enabled=BOOL, backward=BOOL, mark_start=SIZE, mark_end=opt(SIZE), phase=STR,
-                    graph=BOOL, params=BOOL)
+                    graph=BOOL, params=BOOL, input_grad=BOOL)
 _OPTIMIZER = obj(("class", "param_bytes"), **{"class": STR}, foreach=opt(BOOL), fused=opt(BOOL), momentum=opt(NUMBER),
                  num_params=SIZE, param_bytes=SIZE, largest_param_bytes=SIZE, frozen_param_bytes=SIZE, device=STR,
                  implementations=list_of(STR), history_size=opt(SIZE))
@@ -85,7 +85,8 @@ META = obj(rank=SIZE, world_size=_int_in(1, MAX_SIZE), peak_live_bytes=SIZE, exi
            sliced_inputs=list_of(obj(block=SIZE, address=SIZE, rows=SIZE)), block_counts=counts_by_name,
            recomputed_in_backward=list_of(STR), checkpointed_in_forward=list_of(STR), frameworks=list_of(STR),
            ddp=list_of(obj(gradient_as_bucket_view=BOOL, param_bytes=SIZE)),
-           kept_by=list_of(obj(source=INT, holder=STR, blocks=list_of(SIZE))), oom_building=obj(module=STR, how=STR))
+           kept_by=list_of(obj(source=INT, holder=STR, blocks=list_of(SIZE))), oom_building=obj(module=STR, how=STR),
+           unstepped_grads=list_of(STR), unstepped_models=list_of(INT))
 SEGMENT = obj(address=SIZE, total_size=SIZE, allocated_size=SIZE, inactive_size=SIZE,
               largest_inactive=SIZE, segment_type=STR, is_expandable=BOOL, blocks_omitted=SIZE,
               blocks=list_of(obj(size=SIZE, state=opt(STR))))

@@ -289,3 +289,68 @@ def test_a_model_that_does_not_fit_while_it_is_built_is_named(extra, how, cls, b
     assert "data-on-device" not in [f["rule"] for f in out["findings"]]
     plans = [r["title"] for r in first["remedies"]]
     assert plans[0] == ("keep the data on the host" if extra == ["data"] else "shard the parameters (ZeRO-3 / FSDP)")
+
+
+def test_a_graph_retained_into_the_next_step_is_named(tmp_path):
+    """`backward(retain_graph=True)` with the loss still bound: the last step's saved tensors
+    live through the next forward. Their bytes are what one forward saves, counted by
+    torch's saved-tensor hooks (less the batch and its targets, which are inputs); the fix
+    is predicted no lower than the fixed script's traced peak, which fits."""
+    script = SCENARIOS / "retain_graph_stray.py"
+    out = _memdoctor("diagnose", script, "--budget", "56MiB", "--json", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "retained-graph", [(f["rule"], f["title"]) for f in out["findings"]]
+    saved = int(subprocess.run([sys.executable, script, "count"], capture_output=True, text=True, check=True,
+                               timeout=120).stdout.split()[-1])
+    batch, targets = 64 * 28 * 28 * 4, 64 * 8
+    assert abs(first["accounts_for_bytes"] - (saved - batch - targets)) <= 64, (first["accounts_for_bytes"], saved)
+    fixed = _memdoctor("trace", script, "--json", "--", "fixed", cwd=tmp_path)["peak_bytes"]
+    predicted = first["remedies"][0]["predicted_peak_bytes"]
+    assert fixed <= predicted <= 1.15 * fixed and fixed < out["budget_bytes"], (predicted, fixed)
+
+
+@pytest.mark.parametrize("mode, budget", [("loss-net", "40MiB"), ("loss-net", "44MiB"), ("teacher", "24MiB")])
+def test_a_network_no_optimizer_trains_left_requiring_grad_is_named(mode, budget, tmp_path):
+    """A perceptual loss network or a teacher whose parameters still require grad: its passes
+    save activations for gradients nothing uses (and, once backward ran, hold them). The fix
+    (`requires_grad_(False)`) is predicted within 5% of the fixed script's traced peak."""
+    script = SCENARIOS / "frozen_network_requires_grad.py"
+    out = _memdoctor("diagnose", script, "--budget", budget, "--json", "--", mode, cwd=tmp_path)
+    rules = [f["rule"] for f in out["findings"]]
+    assert rules[0] == "grads-never-stepped", rules
+    assert "eval-without-no-grad" not in rules, rules        # the loss net's passes feed the loss
+    fixed = _memdoctor("trace", script, "--json", "--", mode, "fixed", cwd=tmp_path)["peak_bytes"]
+    predicted = out["findings"][0]["remedies"][0]["predicted_peak_bytes"]
+    assert fixed <= out["budget_bytes"] and abs(predicted - fixed) <= 0.05 * fixed, (predicted, fixed)
+
+
+def test_a_teacher_without_no_grad_out_in_its_first_pass_is_an_evaluation(tmp_path):
+    """Out of memory in the teacher's first pass, before any backward: in eval mode with grad
+    on and nothing awaiting a backward, run under no_grad is its fix (what a teacher needs)."""
+    out = _memdoctor("diagnose", SCENARIOS / "frozen_network_requires_grad.py", "--budget", "20MiB", "--json",
+                     "--", "teacher", cwd=tmp_path)
+    assert out["findings"][0]["rule"] == "eval-without-no-grad", [f["rule"] for f in out["findings"]]
+
+
+def test_gradients_zeroed_in_place_under_accumulation_are_no_cause(tmp_path):
+    """With micro-batches accumulating, `zero_grad(set_to_none=True)` leaves the peak where it
+    is (traced: the same bytes), so keeping the gradients allocated is not named."""
+    script = SCENARIOS / "accumulate_grads_zeroed_in_place.py"
+    out = _memdoctor("diagnose", script, "--budget", "106MiB", "--json", cwd=tmp_path)
+    assert out["oom"] and "grads-during-forward" not in [f["rule"] for f in out["findings"]], out["findings"]
+    in_place = _memdoctor("trace", script, "--json", cwd=tmp_path)["peak_bytes"]
+    to_none = _memdoctor("trace", script, "--json", "--", "none", cwd=tmp_path)["peak_bytes"]
+    assert in_place == to_none
+
+
+def test_an_averaged_model_predicting_in_training_mode_without_no_grad_is_an_evaluation(tmp_path):
+    """torch's SWA recipe ends with `swa_model(test_input)`, the AveragedModel in training mode
+    and grad mode on: no optimizer trains that model and its input needs no gradient, so the
+    pass the OOM cut short is an evaluation; no_grad is predicted no lower than it measures."""
+    script = SCENARIOS / "swa_predict_without_no_grad.py"
+    out = _memdoctor("diagnose", script, "--budget", "140MiB", "--json", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "eval-without-no-grad", [(f["rule"], f["title"]) for f in out["findings"]]
+    fixed = _memdoctor("trace", script, "--json", "--", "fixed", cwd=tmp_path)["peak_bytes"]
+    predicted = first["remedies"][0]["predicted_peak_bytes"]
+    assert fixed <= predicted <= out["budget_bytes"], (predicted, fixed)

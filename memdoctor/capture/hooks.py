@@ -52,6 +52,7 @@ class ForwardCall:
     graph: bool = False         # its output carries an autograd graph (grad mode on, something to save)
     model: int = -1             # which model object ran (calls of one model share it; two of one class do not)
     site: list | None = None    # [file, line, function]: the user's line that called it
+    input_grad: bool = False    # an input requires grad (a loss network on a model's output)
 
 
 def guarded(method):
@@ -353,7 +354,8 @@ class OwnershipHooks:
         if id(module) not in self.roots and self._holds_parameters(module):
             self.adopt_model(module)
         kwargs = _call_kwargs(3)        # _call_kwargs <- here <- _forward_pre <- torch's inner
-        for t in _tensors(args) + _tensors(kwargs) if kwargs else _tensors(args):
+        inputs = _tensors(args) + _tensors(kwargs) if kwargs else _tensors(args)
+        for t in inputs:
             self._claim_input(t)
         name = self.module_names.get(id(module), type(module).__name__)
         calls = self.calls
@@ -365,6 +367,7 @@ class OwnershipHooks:
         call = ForwardCall(len(calls), name, len(rec.run.actions), None, module.training,
                            _grad_enabled(), False, 0, None, id(module) in self.roots, False,
                            self.root_order.get(id(module), -1), list(site) if site else None)
+        call.input_grad = any(t.requires_grad for t in inputs)
         calls.append(call)
         self.stack.append(name)
         rec.forward_depth += 1

@@ -98,3 +98,21 @@ def describe_optimizer(optimizer) -> dict:
         "frozen_param_bytes": sum(p.numel() * p.element_size() for p in everything if not p.requires_grad),
         "device": str(everything[0].device) if everything else "cpu",
     }
+
+
+def grads_no_optimizer_steps(models: dict[int, object], optimizers, names: dict[int, str]) -> tuple[list[str], list[int]]:
+    """The traced models' parameters that have a gradient no optimizer holds (a loss network
+    or a teacher left requiring grad: backward fills their gradients, nothing steps or frees
+    them), and the models (by the order they were first seen) with parameters requiring grad,
+    none of which an optimizer holds. Empty where no optimizer was seen (a hand-written update steps them all)."""
+    stepped = {id(p) for o in optimizers if o is not None for g in o.param_groups for p in g["params"]}
+    if not stepped:
+        return [], []
+    grads, whole = [], []
+    for order, model in models.items():
+        params = list(model.named_parameters()) if model is not None else []
+        unstepped = [(name, p) for name, p in params if p.grad is not None and id(p) not in stepped]
+        grads += [names.get(id(p), name) for name, p in unstepped]
+        if any(p.requires_grad for _, p in params) and not any(id(p) in stepped for _, p in params):
+            whole.append(order)     # (before its first backward, no gradient yet)
+    return grads, whole

@@ -19,6 +19,7 @@ from memdoctor.capture.hooks import OwnershipHooks
 from memdoctor.capture.frames import note_oom_building, note_oom_line
 from memdoctor.capture.keepers import attach_keepers, find_held
 from memdoctor.capture.oomlog import requested_bytes
+from memdoctor.capture.optimizers import grads_no_optimizer_steps
 from memdoctor.capture.recorder import Recorder
 
 def pick_source(source: str) -> str:
@@ -160,6 +161,11 @@ class Tracer:
             rec.run.device["nvml_at_oom"] = _nvml_now(rec.run.device.get("index", 0))
         rec.run.meta["forward_calls"] = self.hooks.forward_calls()
         rec.run.meta["optimizers"] = self.hooks.optimizer_info
+        roots = {self.hooks.root_order.get(key, -1): r() for key, r in self.hooks.roots.items()}
+        grads, models = grads_no_optimizer_steps(roots, [r() for r in self.hooks.optimizers.values()],
+                                                 self.hooks.param_names)
+        if grads or models:
+            rec.run.meta["unstepped_grads"], rec.run.meta["unstepped_models"] = grads, models
         rec.run.meta["sliced_inputs"] = self.hooks.sliced_inputs()
         rec.run.meta["block_counts"] = dict(self.hooks.block_counts)
         rec.run.meta["recomputed_in_backward"] = sorted(self.hooks.recomputed)
@@ -249,6 +255,10 @@ def _model_of(call: dict):
     return call.get("model", -1) if call.get("model", -1) != -1 else call.get("module")
 
 
+def _site(call: dict) -> tuple | None:
+    return tuple(call["site"]) if call.get("site") else None
+
+
 def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     """Forward passes that built a graph nobody back-propagated keep their saved tensors for
     nothing. A pass needs grad mode on and an output carrying a graph (under no_grad, or a
@@ -256,8 +266,13 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     since the last back-propagated one may still get their backward: those in training
     mode (micro-batches whose losses are summed before one backward), and those in training
     mode since the last back-propagated pass of their own model (a GAN's generator, whose
-    backward comes through the discriminator's later pass) do not count; those in eval mode
-    do (the classic validation loop without no_grad), the one cut short too.
+    backward comes through the discriminator's later pass), those whose input requires grad
+    (a frozen loss network on a model's output), those from a line whose passes were
+    back-propagated before (a teacher left requiring grad) and those after a training pass
+    still awaiting its backward (the target's features of a perceptual loss) do not count; those in eval mode
+    do (the classic validation loop without no_grad), the one cut short too, and so do those
+    in training mode of a model no optimizer trains, on inputs needing no gradient (an
+    `AveragedModel` predicting, left in training mode as torch's docs leave it).
     Linear: the passes' ranges are sorted, each event a bisection."""
     calls = run.meta.get("forward_calls", [])
     last_backward = max((i for i, c in enumerate(calls) if c["backward"]), default=-1)
@@ -266,17 +281,26 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     for i, c in enumerate(calls):
         if c["backward"]:
             last_of_model[_model_of(c)] = i
+    propagated_sites = {_site(c) for c in calls if c["backward"] and c.get("site")}
+    unstepped = set(run.meta.get("unstepped_models") or [])     # models no optimizer trains
     ranges = []
     for i, c in enumerate(calls):
         if c["backward"] or not c["grad_enabled"]:
             continue
         cut_short = i == len(calls) - 1 and ended_in_oom
-        if ended_in_oom and i > last_backward and c["training"]:
+        untrained = c.get("model") in unstepped and not c.get("input_grad")     # an AveragedModel's prediction
+        if ended_in_oom and i > last_backward and c["training"] and not untrained:
             continue            # a training forward the OOM came before its backward
-        if ended_in_oom and c["training"] and i > last_of_model.get(_model_of(c), -1):
+        if ended_in_oom and c["training"] and not untrained and i > last_of_model.get(_model_of(c), -1):
             continue            # its model's latest: a later pass's backward may reach it (a GAN's G(z))
-        if cut is not None and c["training"] and cut[0] <= c["seq_start"] < cut[1]:
-            continue            # a training forward whose backward the OOM cut short before reaching it
+        if cut is not None and cut[0] <= c["seq_start"] < cut[1] and (c["training"] or c.get("graph")):
+            continue            # a forward whose backward the OOM cut short before reaching it (a frozen
+            #                     net's pass in eval mode feeding the loss too)
+        if ended_in_oom and i > last_backward and (c.get("input_grad") or _site(c) in propagated_sites or any(
+                p["training"] and p["grad_enabled"] and p.get("graph") for p in calls[last_backward + 1:i])):
+            continue            # gradients flow through it (a loss network on a model's output), its line's
+            #                     passes were back-propagated before (a teacher left requiring grad), or a
+            #                     training pass before it awaits the same backward (its loss's other half)
         if not cut_short and not c.get("graph", True):
             continue            # nothing saved: no graph was built
         end = c["seq_end"] if c["seq_end"] is not None else run.num_events

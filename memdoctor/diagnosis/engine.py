@@ -11,6 +11,7 @@ from memdoctor.diagnosis.sources import attach_sources
 from memdoctor.remedies.framework_terms import framework_of, in_terms_of
 
 log = logging.getLogger("memdoctor")
+REST_OF_STEP_RULES = ("leak", "data-on-device")
 
 
 def diagnose(facts: Facts, select: list[str] | None = None) -> list[Finding]:
@@ -62,6 +63,8 @@ def _add_pending_state(finding: Finding, facts: Facts) -> None:
     its thread's cuBLAS workspaces), the fixed run's later steps carry them on top."""
     pending = (facts.pending_state_bytes + facts.pending_grad_bytes + facts.pending_workspace_bytes
                if facts.source == "run" else 0)
+    if _rest_of_step_applies(finding, facts):
+        pending = facts.pending_state_bytes + facts.step_rest_bytes     # the grads and workspaces among it
     if not pending or finding.rule == "model-states":      # model-states counts it already
         return
     for remedy in finding.remedies:
@@ -75,7 +78,7 @@ def _add_pending_state(finding: Finding, facts: Facts) -> None:
 def _add_forward_rest(finding: Finding, facts: Facts) -> None:
     """An OOM part-way through a training forward: the fixed run still runs the blocks after
     it, which save what they save (the activations rule scales them with its remedies)."""
-    if not facts.forward_rest_bytes or finding.rule == "activations":
+    if not facts.forward_rest_bytes or finding.rule == "activations" or _rest_of_step_applies(finding, facts):
         return
     for remedy in finding.remedies:
         if remedy.predicted_peak_bytes is not None:
@@ -109,6 +112,14 @@ def _keep_the_batch_whole(finding: Finding, facts: Facts) -> None:
             "back-propagate each chunk again with its embeddings' gradients: the same loss and gradients, "
             "a chunk's activations at a time",
             None if r.predicted_peak_bytes is None else r.predicted_peak_bytes + facts.in_batch_pair_bytes, None)
+
+
+def _rest_of_step_applies(finding: Finding, facts: Facts) -> bool:
+    """A fix that takes away tensors made outside the step's own work (kept from earlier steps,
+    data) at an OOM in a later step's forward still runs the rest of the step: as the step
+    before ran it. Fixes that change the step's work (what backward saves or makes) predict
+    from the steps themselves."""
+    return facts.step_rest_bytes is not None and finding.rule in REST_OF_STEP_RULES
 
 
 def _fitting_first(finding: Finding, facts: Facts) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memdoctor.attribution import Breakdown, breakdown_at, peak, per_step
-from memdoctor.diagnosis.forward_cut import forward_rest, step_held
+from memdoctor.diagnosis.forward_cut import forward_rest, rest_of_step, step_held
 from memdoctor.diagnosis.in_batch import pair_bytes_at_once, pair_matrices
 from memdoctor.run import Block, Category, Phase, Run
 from memdoctor.units import format_bytes
@@ -76,6 +76,7 @@ class Facts:
     step_held_bytes: int = 0                      # an OOM in a training step: what its passes made, hold, not seen saved
     forward_rest_bytes: int = 0                   # what the blocks after an OOM in a training forward would save
     forward_rest_note: str | None = None          # how that was counted
+    step_rest_bytes: int | None = None            # what the rest of such a step added in the step before
     allocator: dict[str, Any] = field(default_factory=dict)   # OOM message numbers (CUDA)
     other_process_bytes: int | None = None
     other_processes: list[dict] = field(default_factory=list)
@@ -284,6 +285,7 @@ def facts_from_run(run: Run) -> Facts:
                                          and call.get("grad_enabled"))
         f.forward_rest_bytes, f.forward_rest_note = forward_rest(f, run)
         f.step_held_bytes = step_held(f)
+        f.step_rest_bytes = rest_of_step(f, run)
     nvml = run.device.get("nvml_at_oom") or run.device.get("nvml") or {}
     if nvml.get("available"):
         others = [p for p in nvml.get("processes", []) if not p.get("is_self")]

@@ -8,6 +8,7 @@ The functions read a diagnosis' Facts (`f`), which are built with them.
 """
 from __future__ import annotations
 
+from memdoctor.attribution import live_blocks, live_curve, peak
 from memdoctor.run import Category, Phase, Run
 from memdoctor.units import format_bytes
 
@@ -102,3 +103,69 @@ def block_index(module: str | None, container: str) -> int | None:
         return None
     first = module[len(container) + 1:].split(".")[0] if container else module.split(".")[0]
     return int(first) if first.isdigit() else None
+
+
+def rest_of_step(f, run: Run) -> int | None:
+    """An OOM in the forward of a training step after the first: what the rest of the step
+    (its forward from the OOM on, and its backward) added to the live bytes in the step
+    before, read at the same op of that step's forward (alike steps run alike ops). A fix
+    that takes tensors away at the OOM still has the rest of the step to run. None where
+    there is no such step to read."""
+    if not (f.oom and f.oom_in_training_forward and f.focus is not None and f.focus.step >= 1
+            and f.steps_from in ("optimizer", "backward") and run.ooms):
+        return None
+    step = f.focus.step
+
+    def first(phase, in_step, after=-1):
+        return next((m.seq for m in run.marks if m.step == in_step and m.phase == phase and m.seq > after), None)
+    now, before = first(Phase.FORWARD.value, step), first(Phase.FORWARD.value, step - 1)
+    if now is None or before is None:
+        return None
+    at = before + run.ooms[0].seq - now
+    end = first(Phase.OPTIMIZER.value, step - 1, before) or min((m.seq for m in run.marks if m.step >= step),
+                                                               default=run.num_events)
+    if not before <= at < end:
+        return None
+    curve = live_curve(run)
+    # the live bytes hold the request; the step before made its like at `at`
+    return max(max(curve[at:end]) - curve[max(at - 1, 0)] - (f.requested_bytes or 0), 0)
+
+
+def previous_step_peak(f, run: Run, removed, consumed=None) -> int | None:
+    """An OOM in the forward of a training step after the first: the peak the step before
+    reached in its forward and backward, less what `removed(block)` says a fix takes away of
+    what was alive then, plus the optimizer state made after it (a first step's). A fix that
+    changes what the step itself saves or makes reaches at least that. None where there is
+    no such step. `consumed(block, seq, alive)`: also taken away, where the fixed step would
+    have freed it by then (see `freed_by_backward`)."""
+    if not (f.oom and f.oom_in_training_forward and f.focus is not None and f.focus.step >= 1
+            and f.steps_from in ("optimizer", "backward")):
+        return None
+    step = f.focus.step - 1
+    start = next((m.seq for m in run.marks if m.step == step and m.phase == Phase.FORWARD.value), None)
+    if start is None:
+        return None
+    end = next((m.seq for m in run.marks if m.seq > start and (m.step > step or m.phase == Phase.OPTIMIZER.value)),
+               run.num_events)
+    seq, top = peak(run, start, end)
+    alive = live_blocks(run, seq)
+    taken = sum(b.nbytes for b in alive if removed(b) or (consumed is not None and consumed(b, seq, alive)))
+    state_then = sum(b.nbytes for b in alive if b.category == Category.OPTIMIZER_STATE.value)
+    return top - taken + max(f.cat(Category.OPTIMIZER_STATE.value) - state_then, 0)
+
+
+def freed_by_backward(b, seq: int, alive: list) -> bool:
+    """Whether a backward that frees what it has used (no `retain_graph`) would have freed the
+    saved tensor `b` by event `seq` of a backward that kept everything: backward runs the ops
+    in reverse, so where it is making the gradient of a tensor of some shape, the tensors the
+    forward saved after the last one of that shape were used already. A guess from shapes
+    (gradients have their tensor's shape); where no gradient made by then is seen, nothing."""
+    if b.category != ACT or b.phase != Phase.FORWARD.value:
+        return False
+    grads = [g for g in alive if g.phase == Phase.BACKWARD.value and g.step == b.step and g.alloc_seq <= seq]
+    if not grads:
+        return False
+    shape = max(grads, key=lambda g: g.alloc_seq).shape
+    made = [a.alloc_seq for a in alive if a.step == b.step and a.phase == Phase.FORWARD.value and a.shape == shape]
+    return bool(made) and b.alloc_seq > max(made)
+

@@ -118,8 +118,12 @@ def _call_site(run: Run, blocks: list[Block]) -> Source | None:
     return Source(str(file), int(line), str(function))
 
 
+KEPT_SHARE = 0.1        # a container holding less of a finding's bytes does not say what keeps them
+
+
 def _kept_by(run: Run, blocks: list[Block]) -> tuple[Source, str] | None:
-    """The line that keeps the most of these blocks' bytes alive, and what holds them."""
+    """The line that keeps the most of these blocks' bytes alive (a tenth of them at least),
+    and what holds them."""
     kept = run.meta.get("kept_by") or []
     if not kept or not blocks:
         return None
@@ -129,7 +133,7 @@ def _kept_by(run: Run, blocks: list[Block]) -> tuple[Source, str] | None:
         held = sum(size.get(i, 0) for i in entry.get("blocks", ()) if type(i) is int)
         if held > best_bytes and type(entry.get("source")) is int:
             best, best_bytes = entry, held
-    if best is None:
-        return None
+    if best is None or best_bytes < KEPT_SHARE * sum(size.values()):
+        return None             # a list holding a sliver of them (attention weights kept for a plot)
     source = run.source_at(best["source"])
     return (source, str(best.get("holder", ""))) if source is not None else None

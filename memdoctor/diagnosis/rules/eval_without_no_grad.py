@@ -59,7 +59,9 @@ def check(f: Facts) -> Finding | None:
     if f.oom_phase == NOB:
         evidence.append(f"ran out inside one of them (module {f.oom_module or '?'}, step {f.oom_step}) "
                         f"asking for {format_bytes(f.requested_bytes)}")
-    # under no_grad only the current layer's output and input live at a time; and the
+    # under no_grad only the current layer's output and input live at a time (twice the largest
+    # tensor of the passes: high where a Sequential frees each input as it goes, as low as
+    # the pass's line keeps its input while two layers run on it); and the
     # training before the first such pass reached its own peak, which the fix leaves as it is
     predicted = max(live - held + _largest(f), f.peak_before_no_backward)
     remedies = [Remedy("evaluate under torch.no_grad()", "wrap the evaluation loop in `with torch.no_grad():` "

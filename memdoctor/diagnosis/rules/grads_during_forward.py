@@ -11,7 +11,9 @@ Preconditions
       count;
     - they take at least 10% of live memory;
     - steps are optimizer steps (before an optimizer's first step, steps are backward calls:
-      gradients accumulating over micro-batches).
+      gradients accumulating over micro-batches), each with one backward pass (with
+      micro-batches accumulating, every one after the first uses the gradients anyway);
+    - gradients of parameters no optimizer holds are left to grads-never-stepped.
 Why it runs out of memory
     `zero_grad(set_to_none=False)`, or `zero_grad()` called after the forward, keeps a
     whole copy of the parameters' size allocated exactly when activations pile up.
@@ -40,7 +42,7 @@ ID = "grads-during-forward"
 def check(f: Facts) -> Finding | None:
     if not f.under_pressure or f.source != "run":
         return None
-    grads = f.grads_in_forward
+    grads = f.grads_in_forward - _never_stepped(f)      # grads-never-stepped names those
     live = f.focus_bytes
     if not grads or grads < 0.1 * live:
         return None
@@ -49,6 +51,8 @@ def check(f: Facts) -> Finding | None:
         return None             # an evaluation under no_grad: no activations pile up beside them
     if f.steps_from == "backward" and f.optimizer:
         return None             # steps are backward calls before an optimizer's first step: accumulation
+    if _accumulating(f):
+        return None             # accumulating: the step's own backward filled them, freeing them earlier gains nothing
     evidence = [f"{format_bytes(grads)} of gradients from earlier steps alive during the {phase} of step "
                 f"{f.focus.step}, {100 * grads / live:.0f}% of {format_bytes(live)}"]
     predicted = live - grads
@@ -59,3 +63,27 @@ def check(f: Facts) -> Finding | None:
                                "opt=in-backward"))
     return Finding(ID, f"gradients kept from the last step take {format_bytes(grads)} while activations pile up",
                    grads, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted))
+
+
+def _never_stepped(f: Facts) -> int:
+    names = set((f.run.meta.get("unstepped_grads") or []) if f.run else [])
+    return sum(b.nbytes for b in f.focus_blocks if b.category == "gradients" and b.step < f.focus.step
+               and b.name.removesuffix(".grad") in names)
+
+
+def _accumulating(f: Facts) -> bool:
+    """Micro-batches accumulate gradients into each optimizer step: a step ran two backward
+    passes or more, or this one ran one before the focus. In every micro-batch after the
+    first the gradients are in use whatever zero_grad did, so freeing them earlier gains
+    nothing at the peak."""
+    if f.run is None or f.steps_from != "optimizer":
+        return False
+    passes: dict[int, int] = {}         # backward passes that ended before the focus, by step
+    previous = None
+    for m in f.run.marks:
+        if m.seq > f.focus.seq:
+            break
+        if previous is not None and previous.phase == Phase.BACKWARD.value and m.phase != Phase.BACKWARD.value:
+            passes[previous.step] = passes.get(previous.step, 0) + 1
+        previous = m
+    return passes.get(f.focus.step, 0) >= 1 or any(n >= 2 for n in passes.values())
