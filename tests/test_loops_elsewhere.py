@@ -354,3 +354,13 @@ def test_an_averaged_model_predicting_in_training_mode_without_no_grad_is_an_eva
     fixed = _memdoctor("trace", script, "--json", "--", "fixed", cwd=tmp_path)["peak_bytes"]
     predicted = first["remedies"][0]["predicted_peak_bytes"]
     assert fixed <= predicted <= out["budget_bytes"], (predicted, fixed)
+
+
+@pytest.mark.parametrize("budget", ["60MiB", "84MiB"])
+def test_a_gradient_penalty_step_is_no_evaluation(budget, tmp_path):
+    """WGAN-GP: `autograd.grad` runs a backward of its own between the critic's passes and
+    the critic's loss's backward; out of memory in that backward (or between the passes), the
+    critic's passes await it: a cause is named, and it is no evaluation without no_grad."""
+    out = _memdoctor("diagnose", SCENARIOS / "gradient_penalty.py", "--budget", budget, "--json", cwd=tmp_path)
+    rules = [f["rule"] for f in out["findings"]]
+    assert out["oom"] and rules and "eval-without-no-grad" not in rules, rules

@@ -277,6 +277,8 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     calls = run.meta.get("forward_calls", [])
     last_backward = max((i for i, c in enumerate(calls) if c["backward"]), default=-1)
     cut = _backward_cut_short(run) if ended_in_oom else None
+    since_update = max((m.seq for m in run.marks if m.phase == Phase.OPTIMIZER.value
+                        and run.ooms and m.seq < run.ooms[0].seq), default=0)     # the last optimizer step
     last_of_model = {}
     for i, c in enumerate(calls):
         if c["backward"]:
@@ -293,9 +295,11 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
             continue            # a training forward the OOM came before its backward
         if ended_in_oom and c["training"] and not untrained and i > last_of_model.get(_model_of(c), -1):
             continue            # its model's latest: a later pass's backward may reach it (a GAN's G(z))
-        if cut is not None and cut[0] <= c["seq_start"] < cut[1] and (c["training"] or c.get("graph")):
+        if cut is not None and (c["training"] or c.get("graph")) and (
+                cut[0] <= c["seq_start"] < cut[1] or c["seq_start"] > since_update):
             continue            # a forward whose backward the OOM cut short before reaching it (a frozen
-            #                     net's pass in eval mode feeding the loss too)
+            #                     net's pass in eval mode feeding the loss too; any since the last optimizer
+            #                     step, where `autograd.grad` ran a backward of its own between: a gradient penalty)
         if ended_in_oom and i > last_backward and (c.get("input_grad") or _site(c) in propagated_sites or any(
                 p["training"] and p["grad_enabled"] and p.get("graph") for p in calls[last_backward + 1:i])):
             continue            # gradients flow through it (a loss network on a model's output), its line's

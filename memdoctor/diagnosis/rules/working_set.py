@@ -6,8 +6,8 @@ What it detects
     not saved for any backward, as in a forward under torch.no_grad() or through a frozen
     backbone, and the batch) together pass the limit, neither alone.
 Preconditions
-    - a traced run (not a log) out of memory in a forward or backward pass, and no other
-      rule named a cause.
+    - a traced run (not a log) out of memory in a forward or backward pass, or between the
+      passes of a step (a model ran in it with grad mode on), and no other rule named a cause.
 Why it runs out of memory
     Even a forward that saves nothing holds each op's input and output at once; with a
     large batch, wide layers or attention over long sequences, one op's working set plus the
@@ -35,8 +35,9 @@ _BATCH = ("activations", "temporaries", "inputs")
 
 
 def check(f: Facts) -> Finding | None:
-    if f.source != "run" or not f.oom or f.focus is None or f.oom_phase not in ("forward", "backward"):
-        return None     # outside a pass (a dataset filling the device) this says nothing
+    if f.source != "run" or not f.oom or f.focus is None or not (
+            f.oom_phase in ("forward", "backward") or (f.oom_phase == "other" and _in_a_step(f))):
+        return None     # outside a step (a dataset filling the device) this says nothing
     live = f.focus_bytes
     # the request, and as much again for the op after it (the activation after a matmul holds
     # its input and its output at once)
@@ -61,3 +62,15 @@ def check(f: Facts) -> Finding | None:
     best = min(r.predicted_peak_bytes for r in remedies)
     return Finding(ID, f"no single cause: this step's tensors take {format_bytes(step)} beside "
                    f"{format_bytes(fixed)} of model and more", step, evidence, remedies, PARTIAL, fits(f, best))
+
+
+def _in_a_step(f: Facts) -> bool:
+    """An OOM between the passes of a step (a gradient penalty's interpolation, a loss outside
+    any module): a model ran in this step before it, with grad mode on."""
+    if f.run is None or not f.run.ooms:
+        return False
+    marks, seq = f.run.marks, f.run.ooms[0].seq
+    return any(c.get("grad_enabled") and c["seq_start"] < seq and 0 <= c.get("mark_start", -1) < len(marks)
+               and marks[c["mark_start"]].step == f.focus.step
+               for c in f.run.meta.get("forward_calls") or [] if isinstance(c, dict))
+
