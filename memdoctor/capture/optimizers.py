@@ -100,11 +100,13 @@ def describe_optimizer(optimizer) -> dict:
     }
 
 
-def grads_no_optimizer_steps(models: dict[int, object], optimizers, names: dict[int, str]) -> tuple[list[str], list[int]]:
+def grads_no_optimizer_steps(models: dict[int, object], optimizers,
+                             names: dict[int, str]) -> tuple[list[str], list[int]]:
     """The traced models' parameters that have a gradient no optimizer holds (a loss network
     or a teacher left requiring grad: backward fills their gradients, nothing steps or frees
     them), and the models (by the order they were first seen) with parameters requiring grad,
-    none of which an optimizer holds. Empty where no optimizer was seen (a hand-written update steps them all)."""
+    none of which an optimizer holds. Empty where no optimizer was seen (a hand-written
+    update steps them all)."""
     stepped = {id(p) for o in optimizers if o is not None for g in o.param_groups for p in g["params"]}
     if not stepped:
         return [], []

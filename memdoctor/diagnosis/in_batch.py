@@ -21,7 +21,8 @@ def pair_matrices(run: Run) -> list[Block]:
     weights = {b.name for b in run.blocks.values() if b.category == "weights"}
     found = []
     for b in run.blocks.values():
-        if b.name not in PAIR_OPS or b.phase in ("backward", "optimizer") or len(b.shape) < 2 or any(d != 1 for d in b.shape[:-2]):
+        if b.name not in PAIR_OPS or b.phase in ("backward", "optimizer") or len(b.shape) < 2 \
+                or any(d != 1 for d in b.shape[:-2]):
             continue
         n, m = b.shape[-2:]
         if n == m and n >= MIN_ROWS and n in rows and not (b.module and f"{b.module}.weight" in weights):

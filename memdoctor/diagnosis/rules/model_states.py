@@ -187,7 +187,8 @@ def _while_building(f: Facts) -> Finding:
                                   "preloaded dataset) can stay in pinned CPU memory, each batch moved as it is used",
                                   None))
     return Finding(ID, f"the model does not fit: it ran out {doing} a {cls}, its weights over "
-                   f"{format_bytes(built + asked)}" + (f" beside {format_bytes(before)} made before it" if before else ""),
+                   f"{format_bytes(built + asked)}"
+                   + (f" beside {format_bytes(before)} made before it" if before else ""),
                    built + asked, evidence, remedies, STRUCTURAL, None,
                    {"building": cls, "how": how, "built": built, "requested": asked})
 

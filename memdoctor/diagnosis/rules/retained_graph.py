@@ -52,8 +52,8 @@ def check(f: Facts) -> Finding | None:
     if not live or kept_bytes < SHARE * live:
         return None
     evidence = [f"{format_bytes(kept_bytes)} that step {current - 1}'s forward saved for backward is alive in step "
-                f"{current}, {100 * kept_bytes / live:.0f}% of {format_bytes(live)}, though its backward ran: the graph "
-                "was retained (`retain_graph=True`) and is still referred to (the last loss or output, a carried "
+                f"{current}, {100 * kept_bytes / live:.0f}% of {format_bytes(live)}, though its backward ran: the "
+                "graph was retained (`retain_graph=True`) and is still referred to (the last loss or output, a carried "
                 "hidden state)"]
     predicted = live - kept_bytes
     # from an OOM in the forward: the step before ran the whole step, less the older graph it
