@@ -44,7 +44,7 @@ def source_of(finding, facts, run: Run) -> dict | None:
             if made is not None and made != site:
                 out["made_at"] = _entry(made, "made the memory")
             return out
-    kept = _kept_by(run, blocks)
+    kept = _kept_by(run, blocks, share=0 if finding.rule == "leak" else KEPT_SHARE)
     if kept is not None:
         source, holder = kept
         what = "gradients, zeroed in place and not freed" if holder == "gradients zeroed in place" \
@@ -121,9 +121,10 @@ def _call_site(run: Run, blocks: list[Block]) -> Source | None:
 KEPT_SHARE = 0.1        # a container holding less of a finding's bytes does not say what keeps them
 
 
-def _kept_by(run: Run, blocks: list[Block]) -> tuple[Source, str] | None:
-    """The line that keeps the most of these blocks' bytes alive (a tenth of them at least),
-    and what holds them."""
+def _kept_by(run: Run, blocks: list[Block], share: float = KEPT_SHARE) -> tuple[Source, str] | None:
+    """The line that keeps the most of these blocks' bytes alive (`share` of them at least:
+    a leak's list may hold its tensors inside a dict, which the search for holders does not
+    open, so any of them will do there), and what holds them."""
     kept = run.meta.get("kept_by") or []
     if not kept or not blocks:
         return None
@@ -133,7 +134,7 @@ def _kept_by(run: Run, blocks: list[Block]) -> tuple[Source, str] | None:
         held = sum(size.get(i, 0) for i in entry.get("blocks", ()) if type(i) is int)
         if held > best_bytes and type(entry.get("source")) is int:
             best, best_bytes = entry, held
-    if best is None or best_bytes < KEPT_SHARE * sum(size.values()):
+    if best is None or best_bytes < share * sum(size.values()):
         return None             # a list holding a sliver of them (attention weights kept for a plot)
     source = run.source_at(best["source"])
     return (source, str(best.get("holder", ""))) if source is not None else None
