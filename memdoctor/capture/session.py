@@ -287,6 +287,8 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
             last_of_model[_model_of(c)] = i
     propagated_sites = {_site(c) for c in calls if c["backward"] and c.get("site")}
     unstepped = set(run.meta.get("unstepped_models") or [])     # models no optimizer trains
+    first_awaiting = next((j for j in range(last_backward + 1, len(calls)) if calls[j]["training"]
+                           and calls[j]["grad_enabled"] and calls[j].get("graph")), len(calls))
     ranges = []
     for i, c in enumerate(calls):
         if c["backward"] or not c["grad_enabled"]:
@@ -302,8 +304,8 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
             continue            # a forward whose backward the OOM cut short before reaching it (a frozen
             #                     net's pass in eval mode feeding the loss too; any since the last optimizer
             #                     step, where `autograd.grad` ran a backward of its own between: a gradient penalty)
-        if ended_in_oom and i > last_backward and (c.get("input_grad") or _site(c) in propagated_sites or any(
-                p["training"] and p["grad_enabled"] and p.get("graph") for p in calls[last_backward + 1:i])):
+        if ended_in_oom and i > last_backward and (c.get("input_grad") or _site(c) in propagated_sites
+                                                   or first_awaiting < i):
             continue            # gradients flow through it (a loss network on a model's output), its line's
             #                     passes were back-propagated before (a teacher left requiring grad), or a
             #                     training pass before it awaits the same backward (its loss's other half)

@@ -84,6 +84,12 @@ class Facts:
     untrusted: list[str] = field(default_factory=list)   # OOM-message numbers that contradict the others
 
     @property
+    def held_by_containers(self) -> set[int]:
+        """Blocks a container the script adds to holds (`history.append(x)`), at the trace's end."""
+        kept = (self.run.meta.get("kept_by") or []) if self.run is not None else []
+        return {i for k in kept for i in k.get("blocks", [])}
+
+    @property
     def focus_bytes(self) -> int:
         """Live bytes the rules argue about: at the OOM (plus the failed request), else the peak."""
         base = self.focus.total_bytes if self.focus else self.peak_bytes

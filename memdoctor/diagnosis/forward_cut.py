@@ -136,8 +136,8 @@ def previous_step_peak(f, run: Run, removed, consumed=None) -> int | None:
     reached in its forward and backward, less what `removed(block)` says a fix takes away of
     what was alive then, plus the optimizer state made after it (a first step's). A fix that
     changes what the step itself saves or makes reaches at least that. None where there is
-    no such step. `consumed(block, seq, alive)`: also taken away, where the fixed step would
-    have freed it by then (see `freed_by_backward`)."""
+    no such step. `consumed(seq, alive)`: the ids of blocks also taken away, which the fixed
+    step would have freed by then (see `freed_by_backward`)."""
     if not (f.oom and f.oom_in_training_forward and f.focus is not None and f.focus.step >= 1
             and f.steps_from in ("optimizer", "backward")):
         return None
@@ -149,23 +149,26 @@ def previous_step_peak(f, run: Run, removed, consumed=None) -> int | None:
                run.num_events)
     seq, top = peak(run, start, end)
     alive = live_blocks(run, seq)
-    taken = sum(b.nbytes for b in alive if removed(b) or (consumed is not None and consumed(b, seq, alive)))
+    used = consumed(seq, alive) if consumed is not None else set()
+    taken = sum(b.nbytes for b in alive if removed(b) or b.id in used)
     state_then = sum(b.nbytes for b in alive if b.category == Category.OPTIMIZER_STATE.value)
     return top - taken + max(f.cat(Category.OPTIMIZER_STATE.value) - state_then, 0)
 
 
-def freed_by_backward(b, seq: int, alive: list) -> bool:
-    """Whether a backward that frees what it has used (no `retain_graph`) would have freed the
-    saved tensor `b` by event `seq` of a backward that kept everything: backward runs the ops
-    in reverse, so where it is making the gradient of a tensor of some shape, the tensors the
-    forward saved after the last one of that shape were used already. A guess from shapes
-    (gradients have their tensor's shape); where no gradient made by then is seen, nothing."""
-    if b.category != ACT or b.phase != Phase.FORWARD.value:
-        return False
-    grads = [g for g in alive if g.phase == Phase.BACKWARD.value and g.step == b.step and g.alloc_seq <= seq]
+def freed_by_backward(seq: int, alive: list) -> set[int]:
+    """Which saved tensors of `alive` a backward that frees what it has used (no
+    `retain_graph`) would have freed by event `seq` of a backward that kept everything:
+    backward runs the ops in reverse, so where it is making the gradient of a tensor of some
+    shape, the tensors the forward saved after the last one of that shape were used already.
+    A guess from shapes (gradients have their tensor's shape); where no gradient made by then
+    is seen, none."""
+    grads = [g for g in alive if g.phase == Phase.BACKWARD.value and g.alloc_seq <= seq]
     if not grads:
-        return False
-    shape = max(grads, key=lambda g: g.alloc_seq).shape
-    made = [a.alloc_seq for a in alive if a.step == b.step and a.phase == Phase.FORWARD.value and a.shape == shape]
-    return bool(made) and b.alloc_seq > max(made)
-
+        return set()
+    latest = max(grads, key=lambda g: g.alloc_seq)
+    made = [a.alloc_seq for a in alive if a.step == latest.step and a.phase == Phase.FORWARD.value
+            and a.shape == latest.shape]
+    if not made:
+        return set()
+    return {b.id for b in alive if b.category == ACT and b.phase == Phase.FORWARD.value and b.step == latest.step
+            and b.alloc_seq > max(made)}

@@ -42,7 +42,9 @@ def check(f: Facts) -> Finding | None:
         return None
     names = set(f.run.meta.get("unstepped_grads") or [])
     grads = [b for b in f.focus_blocks if b.category == "gradients" and b.name.removesuffix(".grad") in names]
-    saved = _saved_for_nothing(f)
+    spans = _spans(f)
+    saved = [b for b in f.focus_blocks if b.category == "activations"
+             and any(start <= b.alloc_seq <= end for start, end in spans)]
     held, freed = sum(b.nbytes for b in grads), sum(b.nbytes for b in saved)
     live = f.focus_bytes
     if not live or held + freed < SHARE * live:
@@ -61,7 +63,6 @@ def check(f: Facts) -> Finding | None:
     predicted = live - held - freed
     # from an OOM in the forward: the step before ran its whole step; less what it held of these
     gone = {b.name for b in grads}
-    spans = _spans(f)
     before = previous_step_peak(f, f.run, lambda b: (b.category == "gradients" and b.name in gone) or (
         b.category == "activations" and any(start <= b.alloc_seq <= end for start, end in spans)))
     predicted = max(predicted, before or 0)
@@ -76,17 +77,10 @@ def check(f: Facts) -> Finding | None:
                    blocks=grads + saved)
 
 
-def _saved_for_nothing(f: Facts) -> list:
-    """What passes of a model no optimizer trains saved for backward, alive at the focus,
-    where the pass's inputs needed no gradient: saved only to make its parameters' gradients."""
-    spans = _spans(f)
-    return [b for b in f.focus_blocks if b.category == "activations"
-            and any(start <= b.alloc_seq <= end for start, end in spans)]
-
-
 def _spans(f: Facts) -> list[tuple[int, int]]:
     """The event spans of passes of models no optimizer trains whose inputs need no gradient,
-    back-propagated or awaiting it (a pass never back-propagated is an evaluation)."""
+    back-propagated or awaiting it (a pass never back-propagated is an evaluation): what they
+    save is saved only for those models' gradients."""
     models = set(f.run.meta.get("unstepped_models") or [])
     return [(c["seq_start"], c["seq_end"] if c.get("seq_end") is not None else f.focus.seq)
             for c in f.run.meta.get("forward_calls") or []

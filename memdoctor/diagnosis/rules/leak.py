@@ -100,15 +100,13 @@ def _across_steps(f: Facts) -> Finding | None:
     span = f.focus.step - steps[0]
     if f.growth_per_step * max(span, 1) < GROWING * leaked:
         return None             # kept, but not growing: a fixed cost, not a leak
-    kinds = Counter((b.name, tuple(b.shape), b.dtype, b.module) for b in f.leaked)
-    (name, shape, dtype, module), count = kinds.most_common(1)[0]
+    name, common = _most_common(f.leaked)
     evidence = [
         f"tensors kept from earlier steps grow {format_bytes(f.growth_per_step)} a step over "
         f"{len(f.steps)} steps (steps: {STEP_WORDS.get(f.steps_from, f.steps_from)})",
         f"{format_bytes(leaked)} at the {'OOM' if f.oom else 'peak'} was made in steps {steps[0]}..{steps[-1]} "
         f"and is still alive ({plural(len(f.leaked), 'tensor')})",
-        f"most common: {count} x {name} {'x'.join(map(str, shape))} {dtype}"
-        + (f" from module {module}" if module else ""),
+        common,
     ]
     predicted = live - leaked
     if _without_graph(f.leaked):
@@ -120,9 +118,7 @@ def _across_steps(f: Facts) -> Finding | None:
                            "holds them on the device: keep them on the host (`.cpu()`, pinned), or cap "
                            "or clear the container", predicted)]
     else:
-        remedies = [Remedy("keep detached copies or numbers",
-                           f"what keeps the {name} outputs alive across steps: store `.item()` or "
-                           "`.detach().cpu()` instead of the live tensor", predicted)]
+        remedies = [_detached(name, predicted)]
     return Finding(ID, f"memory leaks across steps: {format_bytes(f.growth_per_step)} a step, "
                        f"{format_bytes(leaked)} kept from earlier steps",
                    leaked, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted),
@@ -141,7 +137,7 @@ def _over_few_steps(f: Facts) -> Finding | None:
         return None
     calls = [c["seq_start"] for c in (f.run.meta.get("forward_calls") or []) if isinstance(c, dict)] if f.run else []
     training_from = min(calls, default=0)       # what was made before the first model call is set-up (data)
-    held = {i for k in ((f.run.meta.get("kept_by") or []) if f.run else []) for i in k.get("blocks", [])}
+    held = f.held_by_containers
     groups: dict[tuple, list] = {}
     for b in f.focus_blocks:
         if b.category in _STATES or b.step >= current or b.alloc_seq < training_from:
@@ -156,24 +152,33 @@ def _over_few_steps(f: Facts) -> Finding | None:
     live = f.focus_bytes
     if kept < SHARE * live:
         return None
-    kinds = Counter((b.name, tuple(b.shape), b.dtype, b.module) for b in leaked)
-    (name, shape, dtype, module), count = kinds.most_common(1)[0]
+    name, common = _most_common(leaked)
     made = (f"made alike in each of the {current} steps before the OOM's" if current > 1 else
             "made in the step before the OOM's and held by a container the script adds to")
     evidence = [f"{format_bytes(kept)} {made} is still alive "
                 f"({plural(len(leaked), 'tensor')}; steps: {STEP_WORDS[f.steps_from]}), "
                 f"{100 * kept / live:.0f}% of {format_bytes(live)}",
-                f"most common: {count} x {name} {'x'.join(map(str, shape))} {dtype}"
-                + (f" from module {module}" if module else "")]
+                common]
     predicted = live - kept
-    remedies = [Remedy("keep detached copies or numbers",
-                       f"what keeps the {name} outputs alive across steps: store `.item()` or "
-                       "`.detach().cpu()` instead of the live tensor", predicted)]
+    remedies = [_detached(name, predicted)]
     return Finding(ID, f"memory leaks across steps: {format_bytes(kept // current)} a step, "
                        f"{format_bytes(kept)} kept from earlier steps",
                    kept, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted),
                    {"growth_per_step": kept / current, "steps": current, "steps_from": f.steps_from},
                    blocks=leaked)
+
+
+def _most_common(blocks) -> tuple[str, str]:
+    """The op name of the kind of tensor kept most often, and a line of evidence saying so."""
+    (name, shape, dtype, module), count = Counter((b.name, tuple(b.shape), b.dtype, b.module)
+                                                  for b in blocks).most_common(1)[0]
+    return name, (f"most common: {count} x {name} {'x'.join(map(str, shape))} {dtype}"
+                  + (f" from module {module}" if module else ""))
+
+
+def _detached(name: str, predicted: int) -> Remedy:
+    return Remedy("keep detached copies or numbers", f"what keeps the {name} outputs alive across steps: store "
+                  "`.item()` or `.detach().cpu()` instead of the live tensor", predicted)
 
 
 def _without_graph(blocks) -> bool:

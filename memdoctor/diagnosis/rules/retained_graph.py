@@ -42,7 +42,7 @@ def check(f: Facts) -> Finding | None:
     current = f.focus.step
     if current < 1 or f.steps_from not in ("optimizer", "backward") or not _backward_ran(f, current - 1):
         return None
-    held = {i for k in (f.run.meta.get("kept_by") or []) for i in k.get("blocks", [])}
+    held = f.held_by_containers
     repeated = _repeated_calls(f, current)
     kept = [b for b in f.focus_blocks if b.category == "activations" and b.step == current - 1
             and b.phase == Phase.FORWARD.value and b.id not in held
