@@ -1,5 +1,5 @@
-"""cuBLAS's workspaces among the allocator source's blocks: the earliest two blocks of a
-workspace's exact size that are never freed and that no tensor claims, and no others.
+"""cuBLAS's workspaces among the allocator source's blocks: per thread, the earliest block of
+a workspace's exact size that is never freed and that no tensor claims, and no others.
 Checked on a run built by hand; tests/gpu/test_allocator_gpu.py checks it on an H200."""
 import pytest
 
@@ -33,11 +33,23 @@ def test_the_first_unclaimed_blocks_of_a_workspaces_size_are_workspaces():
     freed = _block(run, WS, "forward", freed=True)            # freed: a tensor of that size
     claimed = _block(run, WS, "forward", shape=[2048, 4096])  # a tensor's: it has a shape
     backward = _block(run, WS, "backward")
-    third = _block(run, WS, "backward")                       # two threads take two at most
+    third = _block(run, WS, "backward")                       # one a thread
     _blas_workspaces(run)
     assert [b.category for b in (forward, lt, backward)] == ["other"] * 3
     assert {b.name for b in (forward, lt, backward)} == {"cuBLAS workspace"}
     assert [b.category for b in (freed, claimed, third)] == ["temporaries"] * 3
+
+
+def test_a_kept_tensor_of_a_workspaces_size_in_the_forward_stays_a_tensor():
+    """An autoencoder's [2048, 4096] fp32 output kept in a list is 32 MiB, made in the first
+    forward after the main thread's workspace and before the backward thread's."""
+    run = Run(source="allocator")
+    batch = _block(run, WS, "other", freed=True)              # the batch, made before any matmul
+    main = _block(run, WS, "forward")
+    kept = _block(run, WS, "forward")
+    backward = _block(run, WS, "backward")
+    _blas_workspaces(run)
+    assert [b.category for b in (batch, main, kept, backward)] == ["temporaries", "other", "temporaries", "other"]
 
 
 def test_a_configured_workspace_size_is_the_one_recognised(monkeypatch):

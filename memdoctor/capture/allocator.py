@@ -349,17 +349,20 @@ def _blas_workspaces(run: Run) -> None:
     """cuBLAS and cuBLASLt take a workspace per thread through the caching allocator at the
     thread's first matmul and keep it for the process's life (memdoctor.cuda.blas_workspaces):
     the main thread's in the first forward, autograd's device thread's in the first backward.
-    The earliest two blocks of exactly such a size that are never freed and that no tensor
-    claims (no owner, no shape; the name may be the frame that made it) are those
-    workspaces, counted as `other`: made in a forward and alive at its end,
-    they would otherwise count as activations."""
+    Per thread (a backward's blocks are autograd's thread's, the others the main thread's),
+    the earliest block of exactly such a size that is never freed and that no tensor claims
+    (no owner, no shape; the name may be the frame that made it) is its workspace, counted
+    as `other`: made in a forward and alive at its end, it would otherwise count as
+    activations. A later block of that size in the same thread is a tensor (a [2048, 4096]
+    fp32 output kept in a list is 32 MiB too)."""
     sizes = {cublas_workspace_bytes(local_gpu_is_sm90()), cublaslt_workspace_bytes()}
-    temps = Category.TEMPORARIES.value
-    seen: dict[int, int] = {}
+    temps, backward = Category.TEMPORARIES.value, Phase.BACKWARD.value
+    seen: set[tuple[bool, int]] = set()
     for b in sorted(run.blocks.values(), key=lambda b: b.alloc_seq):
+        thread = (b.phase == backward, b.nbytes)
         if b.nbytes in sizes and b.free_seq is None and b.category == temps and not b.shape \
-                and seen.get(b.nbytes, 0) < 2:
-            seen[b.nbytes] = seen.get(b.nbytes, 0) + 1
+                and thread not in seen:
+            seen.add(thread)
             b.category, b.name = Category.OTHER.value, "cuBLAS workspace"
 
 

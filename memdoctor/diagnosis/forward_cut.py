@@ -8,6 +8,8 @@ The functions read a diagnosis' Facts (`f`), which are built with them.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from memdoctor.attribution import live_blocks, live_curve, peak
 from memdoctor.run import Category, Phase, Run
 from memdoctor.units import format_bytes
@@ -172,3 +174,31 @@ def freed_by_backward(seq: int, alive: list) -> set[int]:
         return set()
     return {b.id for b in alive if b.category == ACT and b.phase == Phase.FORWARD.value and b.step == latest.step
             and b.alloc_seq > max(made)}
+
+
+def peak_without(f, run: Run, removed) -> int | None:
+    """The highest live total from the start of the step before the focus's (its own, in the
+    first step) to the focus, had the blocks `removed(block)` picks never been made, plus the
+    optimizer state made since then: a fix that takes those blocks away still reaches it,
+    wherever the run as written peaked (a conv's workspace in a later pass can outweigh what
+    the fix frees there). None without a training step to read."""
+    if f.focus is None or f.steps_from not in ("optimizer", "backward"):
+        return None
+    step = max(f.focus.step - 1, 0)
+    start = next((m.seq for m in run.marks if m.step == step and m.phase == Phase.FORWARD.value), None)
+    end = f.focus.seq + 1
+    if start is None or start >= end:
+        return None
+    change = np.zeros(end - start + 1, dtype=np.int64)
+    state_now = f.cat(Category.OPTIMIZER_STATE.value)
+    change[0] += state_now
+    for b in run.blocks.values():
+        state = b.category == Category.OPTIMIZER_STATE.value
+        if not (state or removed(b)):
+            continue
+        lo, hi = max(b.alloc_seq, start), min(end if b.free_seq is None else b.free_seq, end)
+        if lo < hi:
+            change[lo - start] -= b.nbytes
+            change[hi - start] += b.nbytes
+    curve = np.asarray(live_curve(run)[start:end], dtype=np.int64)
+    return int(max((curve + np.cumsum(change)[:-1]).max(), 0))

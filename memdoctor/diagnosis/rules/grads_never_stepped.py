@@ -30,7 +30,7 @@ from __future__ import annotations
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import Finding, Remedy, free_fix_tier, fits
 from memdoctor.diagnosis.facts import Facts
-from memdoctor.diagnosis.forward_cut import previous_step_peak
+from memdoctor.diagnosis.forward_cut import peak_without
 from memdoctor.run import Phase
 
 ID = "grads-never-stepped"
@@ -60,12 +60,12 @@ def check(f: Facts) -> Finding | None:
     if freed:
         evidence.append(f"{format_bytes(freed)} saved for backward by passes of a model no optimizer trains whose "
                         f"inputs need no gradient (a teacher, a target's features): saved only for those gradients")
-    predicted = live - held - freed
-    # from an OOM in the forward: the step before ran its whole step; less what it held of these
+    # at least what the run reached elsewhere without them: the step before's whole step, and
+    # this one's passes before the focus (another pass's workspace can outweigh what they hold)
     gone = {b.name for b in grads}
-    before = previous_step_peak(f, f.run, lambda b: (b.category == "gradients" and b.name in gone) or (
+    without = peak_without(f, f.run, lambda b: (b.category == "gradients" and b.name in gone) or (
         b.category == "activations" and any(start <= b.alloc_seq <= end for start, end in spans)))
-    predicted = max(predicted, before or 0)
+    predicted = max(live - held - freed, without or 0)
     remedies = [Remedy("stop their gradients", "call `.requires_grad_(False)` on the modules no optimizer trains "
                        "(a loss network, a teacher); gradients still flow through them to what is trained before",
                        predicted)]

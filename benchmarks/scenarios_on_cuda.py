@@ -1,0 +1,131 @@
+"""Our own OOM scenarios on a GPU, at the pressure their CPU budgets set.
+
+usage (on a GPU machine, from the repository root):
+    python benchmarks/scenarios_on_cuda.py [OUT.json] [--jobs N]
+
+Each scenario of tests/scenarios with a known cause (expected.json, and the loops that
+tests/test_loops_elsewhere.py checks) runs with torch's default device set to cuda. Its
+CUDA budget is its CPU budget scaled by the ratio of the two devices' traced peaks (the
+same script traced on the CPU and on the GPU, no budget), so it runs out about where it
+does on the CPU; then `memdoctor diagnose` runs it there under that budget. Printed per
+case: the two peaks, the budget, where it ran out, the first finding (expected first) and
+its first remedy's predicted peak.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "tests" / "scenarios"
+
+# (script, arguments, CPU budget, cause) as tests/test_loops_elsewhere.py checks them
+LOOPS = [
+    ("gan_two_optimizers.py", [], "56MiB", "model-states"),
+    ("frozen_backbone.py", ["all"], "40MiB", "model-states"),
+    ("head_outside_blocks.py", [], "180MiB", "activations"),
+    ("checkpointed_blocks.py", ["non-reentrant"], "100MiB", "activations"),
+    ("triplet_one_loss.py", [], "120MiB", "activations"),
+    ("leak_through_retained_graph.py", [], "40MiB", "leak"),
+    ("accumulate_then_step.py", [], "44MiB", "model-states"),
+    ("validation_sums_loss_tensors.py", [], "150MiB", "eval-without-no-grad"),
+    ("dataset_converted_on_device.py", [], "56MiB", "data-on-device"),
+    ("leak_in_three_steps.py", [], "140MiB", "leak"),
+    ("leak_in_two_steps.py", [], "240MiB", "leak"),
+    ("model_too_big_to_build.py", [], "200MiB", "model-states"),
+    ("retain_graph_stray.py", [], "56MiB", "retained-graph"),
+    ("frozen_network_requires_grad.py", ["loss-net"], "40MiB", "grads-never-stepped"),
+    ("frozen_network_requires_grad.py", ["teacher"], "24MiB", "grads-never-stepped"),
+    ("swa_predict_without_no_grad.py", [], "140MiB", "eval-without-no-grad"),
+]
+
+ON_CUDA = """import runpy, sys, torch
+torch.set_default_device("cuda")
+script = sys.argv[1]
+sys.argv = [script] + sys.argv[2:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def parse_bytes(text: str) -> int:
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            return int(float(text[:-len(unit)]) * scale)
+    return int(text)
+
+
+def memdoctor(args: list[str]) -> dict | None:
+    proc = subprocess.run([sys.executable, "-m", "memdoctor", *args], capture_output=True, text=True,
+                          timeout=900, cwd=tempfile.mkdtemp())
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return {"error": (proc.stderr or proc.stdout)[-400:], "rc": proc.returncode}
+
+
+def run_case(case: tuple, wrapper: str) -> dict:
+    script, args, cpu_budget, cause = case
+    path = str(SCENARIOS / script)
+    cpu = memdoctor(["trace", path, "--json", "--", *args])
+    cuda = memdoctor(["trace", wrapper, "--json", "--", path, *args])
+    row = {"script": script, "args": args, "cause": cause, "cpu_budget": parse_bytes(cpu_budget)}
+    if not cpu or not cuda or "error" in cpu or "error" in cuda:
+        row["error"] = (cpu or {}).get("error") or (cuda or {}).get("error")
+        return row
+    row["cpu_peak"], row["cuda_peak"] = cpu["peak_bytes"], cuda["peak_bytes"]
+    budget = int(row["cpu_budget"] * cuda["peak_bytes"] / cpu["peak_bytes"])
+    row["cuda_budget"] = budget
+    out = memdoctor(["diagnose", wrapper, "--budget", str(budget), "--json", "--", path, *args])
+    if not out or "error" in out:
+        row["error"] = (out or {}).get("error")
+        return row
+    ooms = out.get("ooms") or [{}]
+    row["oom"], row["oom_phase"], row["oom_step"] = out.get("oom"), ooms[0].get("phase"), ooms[0].get("step")
+    row["findings"] = [{"rule": f["rule"], "bytes": f["accounts_for_bytes"],
+                        "remedy": (f["remedies"][0]["title"], f["remedies"][0]["predicted_peak_bytes"])
+                        if f["remedies"] else None} for f in out["findings"][:3]]
+    row["first"] = row["findings"][0]["rule"] if row["findings"] else None
+    row["right"] = row["first"] == cause
+    return row
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    jobs = 6
+    if "--jobs" in argv:
+        at = argv.index("--jobs")
+        jobs = int(argv[at + 1])
+        del argv[at:at + 2]
+    out_path = Path(argv[0]) if argv else None
+    expected = json.loads((SCENARIOS / "expected.json").read_text())
+    cases = [(s, [], e["budget"], e["cause"]) for s, e in expected.items()] + LOOPS
+    wrapper = os.path.join(tempfile.mkdtemp(), "on_cuda.py")
+    Path(wrapper).write_text(ON_CUDA)
+    with ThreadPoolExecutor(jobs) as pool:
+        rows = list(pool.map(lambda c: run_case(c, wrapper), cases))
+    for r in rows:
+        name = r["script"] + ("[" + " ".join(r["args"]) + "]" if r["args"] else "")
+        if "error" in r:
+            print(f"ERROR {name}: {r['error']}")
+            continue
+        mark = "ok " if r["right"] else "BAD"
+        print(f"{mark} {name:48s} cpu {r['cpu_peak'] / 2**20:7.1f} MiB  cuda {r['cuda_peak'] / 2**20:7.1f} MiB  "
+              f"budget {r['cuda_budget'] / 2**20:7.1f} MiB  oom {r['oom']} {r['oom_phase']} {r['oom_step']}  "
+              f"first {r['first']} (expected {r['cause']})")
+        for f in r["findings"]:
+            print(f"      {f['rule']} {f['bytes'] / 2**20:.1f} MiB {f['remedy']}")
+    right = sum(1 for r in rows if r.get("right"))
+    print(f"{right}/{len(rows)} named first as expected")
+    if out_path:
+        out_path.write_text(json.dumps({"cases": rows, "right": right, "total": len(rows)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
