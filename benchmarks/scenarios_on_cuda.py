@@ -37,6 +37,7 @@ LOOPS = [
     ("dataset_converted_on_device.py", [], "56MiB", "data-on-device"),
     ("leak_in_three_steps.py", [], "140MiB", "leak"),
     ("leak_in_two_steps.py", [], "240MiB", "leak"),
+    ("leak_in_two_steps.py", ["reference"], "372MiB", "leak"),
     ("model_too_big_to_build.py", [], "200MiB", "model-states"),
     ("retain_graph_stray.py", [], "56MiB", "retained-graph"),
     ("frozen_network_requires_grad.py", ["loss-net"], "40MiB", "grads-never-stepped"),
@@ -61,8 +62,9 @@ def parse_bytes(text: str) -> int:
 
 
 def memdoctor(args: list[str]) -> dict | None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-m", "memdoctor", *args], capture_output=True, text=True,
-                          timeout=900, cwd=tempfile.mkdtemp())
+                          timeout=900, cwd=tempfile.mkdtemp(), env=env)
     try:
         return json.loads(proc.stdout)
     except json.JSONDecodeError:
@@ -92,6 +94,8 @@ def run_case(case: tuple, wrapper: str) -> dict:
                         if f["remedies"] else None} for f in out["findings"][:3]]
     row["first"] = row["findings"][0]["rule"] if row["findings"] else None
     row["right"] = row["first"] == cause
+    if not row["right"]:
+        row["diagnosis"] = out
     return row
 
 

@@ -257,17 +257,20 @@ def test_a_contrastive_loss_keeps_its_batch_whole(tmp_path):
     assert plain == pytest.approx(gradcache, abs=1e-5)
 
 
-def test_a_leak_that_runs_out_in_the_second_step_is_named(tmp_path):
+@pytest.mark.parametrize("extra, budget", [([], "240MiB"), (["reference"], "372MiB")])
+def test_a_leak_that_runs_out_in_the_second_step_is_named(extra, budget, tmp_path):
     """One step before the OOM's: its reconstruction, held by a list the script appends to, is
-    the leak (the step's outputs in a plain variable would be in use still)."""
+    the leak (the step's outputs in a plain variable would be in use still). Beside a large
+    frozen reference model the one step's 32 MiB is 8% of what is alive, but without it the
+    request that failed would fit."""
     script = SCENARIOS / "leak_in_two_steps.py"
-    out = _memdoctor("diagnose", script, "--budget", "240MiB", "--json", cwd=tmp_path)
+    out = _memdoctor("diagnose", script, "--budget", budget, "--json", "--", *extra, cwd=tmp_path)
     assert out["ooms"][0]["step"] == 1
     first = out["findings"][0]
     assert first["rule"] == "leak", [f["rule"] for f in out["findings"]]
     assert first["accounts_for_bytes"] == 2048 * 4096 * 4
     assert first["source"]["text"].startswith("reconstructions.append(")
-    fixed = _memdoctor("trace", script, "--json", "--", "fixed", cwd=tmp_path)["peak_bytes"]
+    fixed = _memdoctor("trace", script, "--json", "--", *extra, "fixed", cwd=tmp_path)["peak_bytes"]
     predicted = first["remedies"][0]["predicted_peak_bytes"]
     assert abs(predicted - fixed) <= 0.05 * fixed and predicted < out["budget_bytes"], (predicted, fixed)
 

@@ -16,7 +16,8 @@ Preconditions
     - the bytes alive at the end of each complete step that earlier steps made grow by a
       positive slope (optimizer state, made once in step 0, is never part of it), and
       that growth accounts for a real part of what is kept;
-    - the tensors kept from at least two steps back take at least 10% of live memory;
+    - the tensors kept from at least two steps back take at least 10% of live memory (in
+      the second to fourth step: or without them the request that failed would fit);
     - or, within one step: what at least 4 finished calls of one model that no backward
       takes (under no_grad, or in eval mode) made, not saved for backward, is alive at the
       OOM (or a peak under pressure) and takes at least 10% of live memory (an evaluation
@@ -150,7 +151,7 @@ def _over_few_steps(f: Facts) -> Finding | None:
     leaked = [b for blocks in groups.values() if {b.step for b in blocks} == set(range(current)) for b in blocks]
     kept = sum(b.nbytes for b in leaked)
     live = f.focus_bytes
-    if kept < SHARE * live:
+    if not kept or (kept < SHARE * live and not _tipped(f, kept)):
         return None
     name, common = _most_common(leaked)
     made = (f"made alike in each of the {current} steps before the OOM's" if current > 1 else
@@ -166,6 +167,14 @@ def _over_few_steps(f: Facts) -> Finding | None:
                    kept, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted),
                    {"growth_per_step": kept / current, "steps": current, "steps_from": f.steps_from},
                    blocks=leaked)
+
+
+def _tipped(f: Facts, kept: int) -> bool:
+    """Without what is kept the request that failed would have fitted: a leak a few steps
+    old is a small share of live memory (one step's worth, beside a large model), but it
+    is what ran out."""
+    over = f.focus_bytes - (f.limit_bytes or 0)         # the live bytes hold the request
+    return bool(f.limit_bytes and f.requested_bytes) and 0 < over <= kept
 
 
 def _most_common(blocks) -> tuple[str, str]:
