@@ -61,8 +61,10 @@ def parse_bytes(text: str) -> int:
     return int(text)
 
 
-def memdoctor(args: list[str]) -> dict | None:
+def memdoctor(args: list[str], cpu: bool = False) -> dict | None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""        # scripts that pick cuda when they see one
     proc = subprocess.run([sys.executable, "-m", "memdoctor", *args], capture_output=True, text=True,
                           timeout=900, cwd=tempfile.mkdtemp(), env=env)
     try:
@@ -74,11 +76,11 @@ def memdoctor(args: list[str]) -> dict | None:
 def run_case(case: tuple, wrapper: str) -> dict:
     script, args, cpu_budget, cause = case
     path = str(SCENARIOS / script)
-    cpu = memdoctor(["trace", path, "--json", "--", *args])
+    cpu = memdoctor(["trace", path, "--json", "--", *args], cpu=True)
     cuda = memdoctor(["trace", wrapper, "--json", "--", path, *args])
     row = {"script": script, "args": args, "cause": cause, "cpu_budget": parse_bytes(cpu_budget)}
-    if not cpu or not cuda or "error" in cpu or "error" in cuda:
-        row["error"] = (cpu or {}).get("error") or (cuda or {}).get("error")
+    if not cpu or not cuda or "error" in cpu or "error" in cuda or not cpu.get("peak_bytes"):
+        row["error"] = (cpu or {}).get("error") or (cuda or {}).get("error") or "no CPU peak"
         return row
     row["cpu_peak"], row["cuda_peak"] = cpu["peak_bytes"], cuda["peak_bytes"]
     budget = int(row["cpu_budget"] * cuda["peak_bytes"] / cpu["peak_bytes"])
@@ -111,8 +113,17 @@ def main() -> int:
     cases = [(s, [], e["budget"], e["cause"]) for s, e in expected.items()] + LOOPS
     wrapper = os.path.join(tempfile.mkdtemp(), "on_cuda.py")
     Path(wrapper).write_text(ON_CUDA)
+    def safe(case):
+        try:
+            row = run_case(case, wrapper)
+        except Exception as exc:        # one case's failure must not lose the others
+            row = {"script": case[0], "args": case[1], "cause": case[3], "error": repr(exc)}
+        if out_path:
+            with open(out_path.with_suffix(".jsonl"), "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return row
     with ThreadPoolExecutor(jobs) as pool:
-        rows = list(pool.map(lambda c: run_case(c, wrapper), cases))
+        rows = list(pool.map(safe, cases))
     for r in rows:
         name = r["script"] + ("[" + " ".join(r["args"]) + "]" if r["args"] else "")
         if "error" in r:
