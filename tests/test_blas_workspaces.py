@@ -52,6 +52,18 @@ def test_a_kept_tensor_of_a_workspaces_size_in_the_forward_stays_a_tensor():
     assert [b.category for b in (batch, main, kept, backward)] == ["temporaries", "other", "temporaries", "other"]
 
 
+def test_a_block_a_live_tensor_keeps_its_data_in_is_no_workspace():
+    """Where the main thread's workspace came before the trace (or was never taken), the kept
+    output is the thread's first block of that size: a tensor Python refers to says it is one."""
+    run = Run(source="allocator")
+    kept = _block(run, WS, "forward")
+    kept.address = 0x7F0000000000
+    backward = _block(run, WS, "backward")
+    backward.address = 0x7F0004000000
+    _blas_workspaces(run, {kept.address})
+    assert (kept.category, backward.category) == ("temporaries", "other")
+
+
 def test_a_configured_workspace_size_is_the_one_recognised(monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2")
     run = Run(source="allocator")

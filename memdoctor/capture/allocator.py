@@ -10,6 +10,7 @@ becomes a Run and the owners are joined by address within their mark.
 from __future__ import annotations
 
 import bisect
+import gc
 import threading
 
 import torch
@@ -119,6 +120,7 @@ class AllocatorSource:
         if self._metadata:
             torch._C._cuda_setMemoryMetadata("")
         snapshot = torch.cuda.memory._snapshot()
+        tensors = _live_tensor_addresses()
         self.abandon()
         run = snapshot_to_run(snapshot, self.device, allowance=Allowance("the trace", MAX_SIZE))
         _count_as_allocator(run, snapshot, self.device)
@@ -134,7 +136,7 @@ class AllocatorSource:
         _lines_from_earlier_steps(run, mark_of_block)
         _lines_from_marks(run, mark_of_block, self.mark_lines)
         _join_owners(run, rec.claims or [], run.marks)
-        _blas_workspaces(run)
+        _blas_workspaces(run, tensors)
         _outliving_forward_are_activations(run)
         by_index = {i: m.seq for i, m in enumerate(run.marks)}
         phase_samples = [Sample(by_index.get(i, 0) - 1, a, r) for i, a, r in self.samples]
@@ -345,7 +347,20 @@ def _label_blocks(run: Run, marks: list[Mark], mark_of_block) -> None:
                 b.category = temps
 
 
-def _blas_workspaces(run: Run) -> None:
+def _live_tensor_addresses() -> set[int]:
+    """Where the CUDA tensors Python still refers to keep their data (a list the script keeps
+    outputs in, the frames of an OOM's traceback): such a block is no workspace."""
+    found: set[int] = set()
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, torch.Tensor) and obj.is_cuda:
+                found.add(obj.untyped_storage().data_ptr())
+        except Exception:       # a tensor subclass or a fake one without storage
+            continue
+    return found
+
+
+def _blas_workspaces(run: Run, tensors: set[int] = frozenset()) -> None:
     """cuBLAS and cuBLASLt take a workspace per thread through the caching allocator at the
     thread's first matmul and keep it for the process's life (memdoctor.cuda.blas_workspaces):
     the main thread's in the first forward, autograd's device thread's in the first backward.
@@ -353,15 +368,16 @@ def _blas_workspaces(run: Run) -> None:
     the earliest block of exactly such a size that is never freed and that no tensor claims
     (no owner, no shape; the name may be the frame that made it) is its workspace, counted
     as `other`: made in a forward and alive at its end, it would otherwise count as
-    activations. A later block of that size in the same thread is a tensor (a [2048, 4096]
-    fp32 output kept in a list is 32 MiB too)."""
+    activations. A later block of that size in the same thread, or one where a tensor Python
+    refers to keeps its data (`tensors`), is a tensor (a [2048, 4096] fp32 output kept in a
+    list is 32 MiB too)."""
     sizes = {cublas_workspace_bytes(local_gpu_is_sm90()), cublaslt_workspace_bytes()}
     temps, backward = Category.TEMPORARIES.value, Phase.BACKWARD.value
     seen: set[tuple[bool, int]] = set()
     for b in sorted(run.blocks.values(), key=lambda b: b.alloc_seq):
         thread = (b.phase == backward, b.nbytes)
         if b.nbytes in sizes and b.free_seq is None and b.category == temps and not b.shape \
-                and thread not in seen:
+                and b.address not in tensors and thread not in seen:
             seen.add(thread)
             b.category, b.name = Category.OTHER.value, "cuBLAS workspace"
 

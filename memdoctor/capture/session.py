@@ -21,6 +21,7 @@ from memdoctor.capture.keepers import attach_keepers, find_held
 from memdoctor.capture.oomlog import requested_bytes
 from memdoctor.capture.optimizers import grads_no_optimizer_steps
 from memdoctor.capture.recorder import Recorder
+from memdoctor.capture.retaining_backwards import RetainingBackwards
 
 def pick_source(source: str) -> str:
     if source not in ("auto", "dispatch", "allocator"):
@@ -77,6 +78,8 @@ class Tracer:
         self.hooks = OwnershipHooks(rec, light=self.light, saved_tensors=self.source != "allocator")
         self._undo.append(self.hooks.remove)        # removes what install() got to
         self.hooks.install()
+        self.retaining = RetainingBackwards(rec)
+        self._undo.append(self.retaining.install())
         if self.source == "allocator":
             from memdoctor.capture.allocator import AllocatorSource
             self.allocator = AllocatorSource(rec, self.budget, light=self.light)
@@ -172,6 +175,7 @@ class Tracer:
         rec.run.meta["checkpointed_in_forward"] = sorted(self.hooks.checkpointed.seen)
         rec.run.meta["frameworks"] = sorted(self.hooks.frameworks)
         rec.run.meta["ddp"] = list(self.hooks.ddp)
+        rec.run.meta["retaining_backwards"] = self.retaining.calls
         rec.run.meta["steps_from"], starts = self.hooks.step_starts()
         rec.renumber_steps(starts)
         held = find_held(tb, caller,             # containers of tensors in the user's frames

@@ -514,9 +514,13 @@ def _find_dataset(f: Facts, run: Run) -> None:
             kinds = len({(tuple(b.shape), b.dtype) for b in found})     # samples and labels: a batch each
             f.dataset, f.dataset_batch_rows = found, max(b.shape[0] for b in found)
             f.dataset_batches = max(len(found) // kinds, 1)
-        elif setup and f.oom and f.oom_phase == Phase.OTHER.value and not _model_ran(f, run) and not f.oom_building:
-            # out while the script makes its data (a float copy of a uint8 dataset), no model yet
-            f.dataset, f.dataset_request = setup, f.requested_bytes or 0
+        elif f.oom and f.oom_phase == Phase.OTHER.value and not _model_ran(f, run) and not f.oom_building:
+            # out while the script makes its data (a float copy of a uint8 dataset), no model yet;
+            # the allocator source knows no shape of a tensor not yet bound to a name
+            made = setup or [b for b in f.focus_blocks if b.category in (INP, TMP, OTHER)
+                             and b.phase == Phase.OTHER.value and b.id not in gathered and b.name != "cuBLAS workspace"]
+            if made:
+                f.dataset, f.dataset_request = made, f.requested_bytes or 0
         return
     lengths = {b.shape[0] for b in found if b.shape[0] >= DATASET_ROWS}
     ids, steps = {b.id for b in found}, {b.step for b in found}

@@ -53,8 +53,7 @@ def check(f: Facts) -> Finding | None:
     biggest = max(f.dataset, key=lambda b: b.nbytes)
     evidence = [f"{format_bytes(held)} of data held on the device ({plural(len(f.dataset), 'tensor')}), "
                 f"{100 * held / live:.0f}% of {format_bytes(live)}",
-                f"largest: {'x'.join(map(str, biggest.shape))} {biggest.dtype} {format_bytes(biggest.nbytes)} "
-                f"made outside the model in step {biggest.step}"
+                f"largest: {_shape(biggest)}{format_bytes(biggest.nbytes)} made outside the model in step {biggest.step}"
                 + (f"; batches of {f.dataset_batch_rows} rows are taken from it"
                    if f.dataset_batch_rows and not f.dataset_batches else "")]
     if f.dataset_batches:
@@ -78,3 +77,9 @@ def check(f: Facts) -> Finding | None:
                        "with .to(device, non_blocking=True)", predicted)]
     return Finding(ID, f"data held on the device takes {format_bytes(held)}", held, evidence, remedies,
                    free_fix_tier(f, predicted), fits(f, predicted))
+
+
+def _shape(b) -> str:
+    """"180000x256 float32 " where the shape is known (the allocator source does not know it
+    for a tensor not yet bound to a name)."""
+    return f"{'x'.join(map(str, b.shape))} {b.dtype} " if b.shape else ""

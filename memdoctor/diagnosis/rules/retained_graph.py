@@ -6,7 +6,10 @@ What it detects
     something still refers to it (the last loss or output, a hidden state carried on).
 Preconditions
     - steps are optimizer steps or backward() calls, the focus (the OOM, else a peak under
-      pressure) is in the second step or later, and a backward ran in the step before;
+      pressure) is in the second step or later, and a backward ran in the step before, told
+      to keep its graph (`retain_graph=True`, `create_graph=True`; the trace notes those
+      calls): without one, what outlived that step is the script's own (an output still
+      bound to a variable), not a graph;
     - what that step's forward saved, still alive and held by no container the script adds
       to (a list of losses is a leak) nor by passes awaiting their backward, takes at least
       10% of live memory.
@@ -40,7 +43,8 @@ def check(f: Facts) -> Finding | None:
     if f.source != "run" or not f.run or not (f.oom or f.under_pressure) or f.focus is None:
         return None
     current = f.focus.step
-    if current < 1 or f.steps_from not in ("optimizer", "backward") or not _backward_ran(f, current - 1):
+    if current < 1 or f.steps_from not in ("optimizer", "backward") or not _backward_ran(f, current - 1) \
+            or not _retained_in(f, current - 1):
         return None
     held = f.held_by_containers
     repeated = _repeated_calls(f, current)
@@ -67,6 +71,17 @@ def check(f: Facts) -> Finding | None:
     return Finding(ID, f"the last step's graph is kept: {format_bytes(kept_bytes)} saved for a backward that ran",
                    kept_bytes, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted),
                    {"step": current - 1}, blocks=kept)
+
+
+def _retained_in(f: Facts, step: int) -> bool:
+    """Whether a backward of `step` was told to keep its graph (runs traced before such calls
+    were noted say nothing: then any)."""
+    calls = f.run.meta.get("retaining_backwards")
+    if calls is None:
+        return True
+    marks = f.run.marks
+    return any(isinstance(c, dict) and 0 <= c.get("mark", -1) < len(marks) and marks[c["mark"]].step == step
+               for c in calls)
 
 
 def _backward_ran(f: Facts, step: int) -> bool:
