@@ -7,9 +7,10 @@ Each scenario of tests/scenarios with a known cause (expected.json, and the loop
 tests/test_loops_elsewhere.py checks) runs with torch's default device set to cuda. Its
 CUDA budget is its CPU budget plus what the GPU's traced peak adds to the CPU's (the same
 script traced on both, no budget: cuBLAS's and cuDNN's workspaces, the allocator's
-rounding, which do not grow with the cause), so it runs out about where it does on the CPU; then `memdoctor diagnose` runs it there under that budget. Printed per
-case: the two peaks, the budget, where it ran out, the first finding (expected first) and
-its first remedy's predicted peak.
+rounding, which do not grow with the cause), so it runs out about where it does on the
+CPU; then `memdoctor diagnose` runs it there under that budget. Printed per case: the two
+peaks, the budget, where it ran out, the first finding (expected first) and its first
+remedy's predicted peak; each case is also appended to OUT.jsonl as it ends.
 """
 from __future__ import annotations
 
