@@ -8,6 +8,7 @@ the module changed.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import linecache
@@ -449,3 +450,26 @@ def _rows(items: list, kind: type) -> list[dict[str, Any]]:
     names = [f.name for f in fields(kind)]
     values = attrgetter(*names)
     return [dict(zip(names, values(item))) for item in items]
+
+
+def backward_cut_short(run: Run) -> tuple[int, int] | None:
+    """(after, at): for an OOM inside backward, the event where that backward began and the
+    end of the backward before it (0 if none). The passes between them are what the cut
+    backward was to reach: its loss module's call is marked back-propagated, a model's
+    that the OOM came before is not."""
+    oom = run.ooms[0] if run.ooms else None
+    if oom is None or oom.phase != Phase.BACKWARD.value or not run.marks:
+        return None
+    seqs = [m.seq for m in run.marks]
+    i = bisect.bisect_right(seqs, oom.seq) - 1
+    back = Phase.BACKWARD.value
+    if i < 0 or run.marks[i].phase != back:
+        return None
+    while i > 0 and run.marks[i - 1].phase == back:
+        i -= 1
+    began = run.marks[i].seq
+    j = i - 1
+    while j >= 0 and run.marks[j].phase != back:
+        j -= 1
+    after = run.marks[j + 1].seq if j >= 0 else 0
+    return after, began

@@ -67,3 +67,61 @@ def test_data_made_before_any_model_is_named_without_its_shape(tmp_path):
         b.shape, b.category = [], "other"
     found = data_on_device.check(facts_from_run(run))
     assert found is not None and found.accounts_for_bytes == 180_000 * 256 * 4 + 180_000 * 8
+
+
+def test_a_loss_outside_the_model_saved_for_backward_counts_as_activations():
+    """What the allocator source makes of a step (no saved-tensor hooks): a tensor made
+    between the forward and the backward (a similarity matrix of a contrastive loss) that the
+    backward frees is saved for it; one freed before the backward is a temporary, and so is
+    the batch made before the forward."""
+    from memdoctor.capture.allocator import _freed_by_backward_are_activations, _label_blocks
+    from memdoctor.run import Block, Mark
+    run = Run(source="allocator")
+    run.marks = [Mark(0, "other", 0), Mark(2, "forward", 0, "model"), Mark(10, "other", 0),
+                 Mark(20, "backward", 0, "model"), Mark(30, "optimizer", 0), Mark(40, "other", 1)]
+    blocks = {"batch": (1, 25, 0), "scores": (12, 22, 2), "softmax_scratch": (13, 14, 2), "loss": (15, 45, 2)}
+    made = {}
+    for i, (name, (alloc, free, mark)) in enumerate(blocks.items()):
+        made[name] = run.blocks[i] = Block(i, 1 << 20, alloc_seq=alloc, free_seq=free)
+    _label_blocks(run, run.marks, {made[n].id: (blocks[n][2], None) for n in blocks})
+    assert {b.category for b in made.values()} == {"temporaries"}
+    _freed_by_backward_are_activations(run)
+    assert {n: b.category for n, b in made.items()} == {
+        "batch": "temporaries", "scores": "activations", "softmax_scratch": "temporaries", "loss": "temporaries"}
+
+
+def test_model_states_are_weighed_against_what_tensors_can_have(tmp_path):
+    """On a Hopper GPU cuBLAS's two workspaces take 64 MiB of any limit: a GAN's two models
+    and their Adam states (58 MiB) crowd a 132 MiB limit whose 64 MiB are workspaces, though
+    they are under half of it."""
+    from memdoctor.diagnosis.rules import model_states
+    from memdoctor.run import Block
+    saved = tmp_path / "run.memrun.json.gz"
+    subprocess.run([sys.executable, "-m", "memdoctor", "trace", str(SCENARIOS / "gan_two_optimizers.py"),
+                    "--budget", "68MiB", "-o", str(saved)], capture_output=True, timeout=600, check=False, cwd=tmp_path)
+    run = Run.load(saved)
+    run.budget_bytes = 132 << 20
+    plain = facts_from_run(run)
+    assert plain.model_state_bytes < 0.5 * plain.limit_bytes and model_states.check(plain) is None
+    with_workspaces = facts_from_run(run)
+    with_workspaces.focus_blocks += [Block(10 ** 6 + i, 32 << 20, "other", "cuBLAS workspace") for i in range(2)]
+    found = model_states.check(with_workspaces)
+    assert found is not None and "64.00 MiB of it cuBLAS's workspaces" in found.evidence[0]
+
+
+def test_what_outlives_a_pass_under_no_grad_is_its_output_not_saved():
+    """An evaluation under no_grad gathering its logits in a list: what its passes leave is
+    their outputs (the leak rule's to read), where a training pass's are saved for backward."""
+    from memdoctor.capture.allocator import _outliving_forward_are_activations
+    from memdoctor.run import Block, Mark
+    run = Run(source="allocator")
+    run.marks = [Mark(0, "other", 0), Mark(2, "forward", 0, "model"), Mark(10, "backward", 0, "model"),
+                 Mark(20, "optimizer", 0), Mark(30, "other", 1), Mark(32, "forward", 1, "model"),
+                 Mark(40, "other", 1)]
+    run.meta["forward_calls"] = [{"mark_start": 1, "mark_end": 2, "grad_enabled": True},
+                                 {"mark_start": 5, "mark_end": 6, "grad_enabled": False}]
+    saved = run.blocks[0] = Block(0, 1 << 20, "temporaries", phase="forward", alloc_seq=3, free_seq=12)
+    output = run.blocks[1] = Block(1, 1 << 20, "temporaries", phase="forward", step=1, alloc_seq=33)
+    run.actions = [0] * 50          # the events' count is all this reads of them
+    _outliving_forward_are_activations(run)
+    assert (saved.category, output.category) == ("activations", "temporaries")

@@ -367,3 +367,18 @@ def test_a_gradient_penalty_step_is_no_evaluation(budget, tmp_path):
     out = _memdoctor("diagnose", SCENARIOS / "gradient_penalty.py", "--budget", budget, "--json", cwd=tmp_path)
     rules = [f["rule"] for f in out["findings"]]
     assert out["oom"] and rules and "eval-without-no-grad" not in rules, rules
+
+
+def test_a_foreach_step_out_at_its_first_scratch_tensor_is_the_optimizers_scratch(tmp_path):
+    """Just room for the model states: the foreach step runs out making the first output of a
+    list as large as the parameters (on CUDA the allocator's partly used segments leave that
+    little room). The whole list is what the step needs, not the one tensor it got to."""
+    script = SCENARIOS / "foreach_adamw_many_layers.py"
+    out = _memdoctor("diagnose", script, "--budget", "222MiB", "--json", cwd=tmp_path)
+    assert out["ooms"][0]["phase"] == "optimizer"
+    first = out["findings"][0]
+    params = 24 * _linear(768, 768) * 4
+    assert first["rule"] == "optimizer-step-temporaries" and first["accounts_for_bytes"] >= params, first
+    predicted = first["remedies"][0]["predicted_peak_bytes"]
+    states = 4 * params         # weights, gradients and AdamW's two moments, in fp32
+    assert states < predicted < out["budget_bytes"], predicted

@@ -16,6 +16,9 @@ def test_tensors_held_the_ways_data_is_held():
     assert found["train.dataset.tensors[0]"] is x and found["train.dataset.tensors[1]"] is y
     assert [n for n, _ in _tensors("ids", x)] == ["ids"]
     assert [n for n, _ in _tensors("pair", (x, 3, y))] == ["pair[0]", "pair[2]"]
+    batches = [(x[i:i + 2].clone(), y[i:i + 2].clone()) for i in range(0, 10, 2)]     # made up front
+    assert [n for n, _ in _tensors("batches", batches)][:3] == ["batches[0][0]", "batches[0][1]", "batches[1][0]"]
+    assert len(list(_tensors("batches", batches))) == 10
 
 
 def test_modules_and_classes_are_not_walked():

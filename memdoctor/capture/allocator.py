@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import itertools
 import threading
 
 import torch
@@ -24,7 +25,8 @@ from memdoctor.capture.recorder import Recorder
 from memdoctor.capture.oomlog import requested_bytes
 from memdoctor.capture.snapshot import snapshot_to_run
 from memdoctor.cuda.allocator_model import round_size
-from memdoctor.cuda.blas_workspaces import cublas_workspace_bytes, cublaslt_workspace_bytes, local_gpu_is_sm90
+from memdoctor.cuda.blas_workspaces import (WORKSPACE_NAME, cublas_workspace_bytes, cublaslt_workspace_bytes,
+                                            local_gpu_is_sm90)
 
 MAX_ENTRIES = 2_000_000
 _PREFIX = "memdoctor:"
@@ -336,6 +338,9 @@ def _lines_from_earlier_steps(run: Run, mark_of_block) -> None:
 
 
 def _label_blocks(run: Run, marks: list[Mark], mark_of_block) -> None:
+    """Each block made during the trace takes its mark's phase, step and module, and is a
+    temporary until an owner claims it (as under the dispatch source); blocks alive from
+    before the trace stay `other`."""
     temps = Category.TEMPORARIES.value
     for block_id, (index, module) in mark_of_block.items():
         b = run.blocks[block_id]
@@ -343,8 +348,7 @@ def _label_blocks(run: Run, marks: list[Mark], mark_of_block) -> None:
             m = marks[index]
             b.phase, b.step = m.phase, m.step
             b.module = module or m.module
-            if m.phase != Phase.OTHER.value:
-                b.category = temps
+            b.category = temps
 
 
 def _live_tensor_addresses() -> set[int]:
@@ -379,7 +383,7 @@ def _blas_workspaces(run: Run, tensors: set[int] = frozenset()) -> None:
         if b.nbytes in sizes and b.free_seq is None and b.category == temps and not b.shape \
                 and b.address not in tensors and thread not in seen:
             seen.add(thread)
-            b.category, b.name = Category.OTHER.value, "cuBLAS workspace"
+            b.category, b.name = Category.OTHER.value, WORKSPACE_NAME
 
 
 def _outliving_forward_are_activations(run: Run) -> None:
@@ -387,11 +391,14 @@ def _outliving_forward_are_activations(run: Run) -> None:
     autograd saves, and another to unpack it, cost a fast loop more than the rest of the
     attribution): a block made in a forward pass that is still alive when that pass ends is
     what backward needs (saved tensors, outputs), so it counts as activations; one freed
-    inside the pass stays a temporary."""
+    inside the pass stays a temporary. So does one made between a step's forward and its
+    backward (a loss outside any module) that the backward frees."""
     marks = run.marks
     if not marks:
         return
+    _freed_by_backward_are_activations(run)
     fwd, temps = Phase.FORWARD.value, Category.TEMPORARIES.value
+    no_grad = _passes_without_grad(run)
     end_after = [run.num_events] * len(marks)      # mark index -> where its forward pass ends
     next_end = run.num_events
     for i in range(len(marks) - 1, -1, -1):
@@ -403,7 +410,49 @@ def _outliving_forward_are_activations(run: Run) -> None:
         if b.phase != fwd or b.category != temps:
             continue
         i = max(bisect.bisect_right(seqs, b.alloc_seq) - 1, 0)
-        if b.free_seq is None or b.free_seq >= end_after[i]:
+        if (b.free_seq is None or b.free_seq >= end_after[i]) and not no_grad(b.alloc_seq):
+            b.category = Category.ACTIVATIONS.value
+
+
+def _passes_without_grad(run: Run):
+    """Whether an event falls in a model call made with grad mode off (an evaluation under
+    no_grad): such a pass saves nothing, and what outlives it is its output."""
+    marks, spans = run.marks, []
+    for c in run.meta.get("forward_calls") or []:
+        if not isinstance(c, dict):
+            continue
+        start, end = c.get("mark_start", -1), c.get("mark_end")
+        if not c.get("grad_enabled", True) and 0 <= start < len(marks):
+            spans.append((marks[start].seq, marks[end].seq if end is not None and end < len(marks)
+                          else run.num_events))
+    spans.sort()
+    starts = [a for a, _ in spans]
+    reach = list(itertools.accumulate((b for _, b in spans), max))      # spans may nest
+
+    def inside(seq: int) -> bool:
+        i = bisect.bisect_right(starts, seq) - 1
+        return i >= 0 and seq < reach[i]
+    return inside
+
+
+def _freed_by_backward_are_activations(run: Run) -> None:
+    """Blocks made outside any pass after a step's forward began (its loss, computed outside
+    the model) and freed inside that step's backward: saved for it."""
+    marks, temps = run.marks, Category.TEMPORARIES.value
+    other, fwd, bwd = Phase.OTHER.value, Phase.FORWARD.value, Phase.BACKWARD.value
+    seqs = [m.seq for m in marks]
+    forward_began: dict[int, int] = {}
+    for m in marks:
+        if m.phase == fwd:
+            forward_began.setdefault(m.step, m.seq)
+    for b in run.blocks.values():
+        if b.phase != other or b.category != temps or b.free_seq is None:
+            continue
+        began = forward_began.get(b.step)
+        if began is None or b.alloc_seq < began:
+            continue
+        at = bisect.bisect_right(seqs, b.free_seq) - 1
+        if at >= 0 and marks[at].phase == bwd and marks[at].step == b.step:
             b.category = Category.ACTIVATIONS.value
 
 

@@ -49,13 +49,16 @@ def _name_blocks(run: Run, tb, frame) -> None:
 
 def _tensors(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors `value` is or holds the way data is held: a tensor, a list or tuple of
-    them, a dataset's `.tensors` (TensorDataset), a loader's `.dataset`."""
+    them (or of (inputs, labels) pairs), a dataset's `.tensors` (TensorDataset), a loader's
+    `.dataset`."""
     if isinstance(value, torch.Tensor):
         yield name, value
     elif isinstance(value, (list, tuple)) and depth <= 2:
         for i, item in enumerate(value[:ITEMS_CAP]):
             if isinstance(item, torch.Tensor):
                 yield f"{name}[{i}]", item
+            elif isinstance(item, (list, tuple)) and depth < 2:     # batches as (inputs, labels) pairs
+                yield from _tensors(f"{name}[{i}]", item, depth + 1)
     elif depth < 2 and not isinstance(value, (torch.nn.Module, type)):
         attrs = getattr(value, "__dict__", None)        # instance attributes: no property runs
         if isinstance(attrs, dict):

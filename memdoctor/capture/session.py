@@ -9,7 +9,7 @@ import sys
 import torch
 
 from memdoctor.collector import paused_gc
-from memdoctor.run import Phase, Run
+from memdoctor.run import Phase, Run, backward_cut_short
 from memdoctor.units import parse_size
 from memdoctor.capture.budget import SimulatedBudget, cap_cuda
 from memdoctor.capture.named_tensors import name_blocks
@@ -232,29 +232,6 @@ def _nvml_now(index: int) -> dict:
         return {"available": False, "reason": str(exc)}
 
 
-def _backward_cut_short(run: Run) -> tuple[int, int] | None:
-    """(after, at): for an OOM inside backward, the event where that backward began and the
-    end of the backward before it (0 if none). The passes between them are what the cut
-    backward was to reach: its loss module's call is marked back-propagated, a model's
-    that the OOM came before is not."""
-    oom = run.ooms[0] if run.ooms else None
-    if oom is None or oom.phase != Phase.BACKWARD.value or not run.marks:
-        return None
-    seqs = [m.seq for m in run.marks]
-    i = bisect.bisect_right(seqs, oom.seq) - 1
-    back = Phase.BACKWARD.value
-    if i < 0 or run.marks[i].phase != back:
-        return None
-    while i > 0 and run.marks[i - 1].phase == back:
-        i -= 1
-    began = run.marks[i].seq
-    j = i - 1
-    while j >= 0 and run.marks[j].phase != back:
-        j -= 1
-    after = run.marks[j + 1].seq if j >= 0 else 0
-    return after, began
-
-
 def _model_of(call: dict):
     return call.get("model", -1) if call.get("model", -1) != -1 else call.get("module")
 
@@ -282,7 +259,7 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     Linear: the passes' ranges are sorted, each event a bisection."""
     calls = run.meta.get("forward_calls", [])
     last_backward = max((i for i, c in enumerate(calls) if c["backward"]), default=-1)
-    cut = _backward_cut_short(run) if ended_in_oom else None
+    cut = backward_cut_short(run) if ended_in_oom else None
     since_update = max((m.seq for m in run.marks if m.phase == Phase.OPTIMIZER.value
                         and run.ooms and m.seq < run.ooms[0].seq), default=0)     # the last optimizer step
     last_of_model = {}

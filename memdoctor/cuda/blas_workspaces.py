@@ -20,6 +20,7 @@ CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
 # default 1024 KiB, one per (handle, stream), taken at the first cuBLASLt call: addmm with a
 # 1-D bias (nn.Linear with bias) and _scaled_mm.
 CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
+WORKSPACE_NAME = "cuBLAS workspace"     # the name the allocator source gives such a block
 
 
 def cublas_workspace_bytes(sm90: bool = True) -> int:

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memdoctor.attribution import Breakdown, breakdown_at, peak, per_step
+from memdoctor.cuda.blas_workspaces import WORKSPACE_NAME
 from memdoctor.diagnosis.forward_cut import forward_rest, rest_of_step, step_held
 from memdoctor.diagnosis.in_batch import pair_bytes_at_once, pair_matrices
-from memdoctor.run import Block, Category, Phase, Run
+from memdoctor.run import Block, Category, Phase, Run, backward_cut_short
 from memdoctor.units import format_bytes
 
 W, G, S = Category.WEIGHTS.value, Category.GRADIENTS.value, Category.OPTIMIZER_STATE.value
@@ -129,10 +130,12 @@ class Facts:
 
     @property
     def pending_grad_bytes(self) -> int:
-        """Gradients not made yet at an OOM in a training forward or backward: the fixed run's
+        """Gradients not made yet at an OOM in a training forward or backward, or between them
+        (a loss outside the model) with training passes awaiting their backward: the fixed run's
         backward makes them while what it holds is still alive (most of what a forward saved; one
         recomputed block of a checkpointed model, to the last)."""
-        if not (self.oom_in_training_forward or (self.oom and self.oom_phase == Phase.BACKWARD.value)):
+        between = self.oom_phase == Phase.OTHER.value and self.pending_passes >= 1
+        if not (self.oom_in_training_forward or (self.oom and (self.oom_phase == Phase.BACKWARD.value or between))):
             return 0
         return max(self.param_bytes - self.cat(G), 0)
 
@@ -143,7 +146,7 @@ class Facts:
         any backward leaves that to come, as large as the forward thread's."""
         if not self.oom_in_training_forward or self.run is None:
             return 0
-        blocks = [b for b in self.run.blocks.values() if b.name == "cuBLAS workspace"]
+        blocks = [b for b in self.run.blocks.values() if b.name == WORKSPACE_NAME]
         if any(b.phase == Phase.BACKWARD.value for b in blocks):
             return 0
         return sum(b.nbytes for b in blocks if b.phase == Phase.FORWARD.value)
@@ -205,16 +208,21 @@ def _peak_before_no_backward(run: Run) -> int:
 
 def _pending_passes(run: Run) -> tuple[int, int | None, bool]:
     """At an OOM: the calls of one model in training mode with grad on since the last call
-    that was back-propagated (their backward has not come yet), of the model called most
+    that was back-propagated (their backward has not come yet; in a backward, those since
+    the backward before, which it was to reach), of the model called most
     often there, the event where the first of them began, and whether one line of code made
     them all (a loop). Micro-batches whose losses are summed call one model several times; separate models called once each (two towers
     of a contrastive loss, an embedding then a recurrent layer) are one pass each."""
     if not run.ooms:
         return 0, None, False
     calls = [c for c in run.meta.get("forward_calls", []) if isinstance(c, dict)]
-    last = max((i for i, c in enumerate(calls) if c.get("backward")), default=-1)
+    cut = backward_cut_short(run)
+    if cut is not None:         # out in a backward: the passes since the one before await it
+        waiting = [c for c in calls if type(c.get("seq_start")) is int and cut[0] <= c["seq_start"] < cut[1]]
+    else:
+        waiting = calls[max((i for i, c in enumerate(calls) if c.get("backward")), default=-1) + 1:]
     by_model: dict = {}
-    for c in calls[last + 1:]:
+    for c in waiting:
         if c.get("training") and c.get("grad_enabled") and c.get("params", True):
             model = c.get("model", -1)      # runs saved before models were told apart: by name
             by_model.setdefault(model if type(model) is int and model >= 0 else c.get("module"), []).append(c)
@@ -257,6 +265,10 @@ def facts_from_run(run: Run) -> Facts:
         awaiting = {b.id for b in f.focus_blocks if b.category == ACT and b.alloc_seq >= pending_seq
                     and b.phase == Phase.FORWARD.value}
         f.pending_activations = sum(b.nbytes for b in f.focus_blocks if b.id in awaiting)
+    cut = backward_cut_short(run)       # an OOM in a backward: what it was to reach since the last one
+    if cut is not None:
+        awaiting |= {b.id for b in f.focus_blocks if b.category == ACT and cut[0] <= b.alloc_seq < cut[1]
+                     and b.phase == Phase.FORWARD.value}
     f.leaked = [b for b in f.focus_blocks if _kept(b) and b.step < current_step - 1 and b.id not in awaiting]
     f.gathered, f.gathered_passes = _gathered(f, run)
     nob = Phase.FORWARD_NO_BACKWARD.value
@@ -518,7 +530,7 @@ def _find_dataset(f: Facts, run: Run) -> None:
             # out while the script makes its data (a float copy of a uint8 dataset), no model yet;
             # the allocator source knows no shape of a tensor not yet bound to a name
             made = setup or [b for b in f.focus_blocks if b.category in (INP, TMP, OTHER)
-                             and b.phase == Phase.OTHER.value and b.id not in gathered and b.name != "cuBLAS workspace"]
+                             and b.phase == Phase.OTHER.value and b.id not in gathered and b.name != WORKSPACE_NAME]
             if made:
                 f.dataset, f.dataset_request = made, f.requested_bytes or 0
         return
@@ -567,7 +579,7 @@ def _find_logits(f: Facts) -> None:
     if not vocab_dims:
         return
     f.vocab = max(vocab_dims)
-    f.logits = [b for b in f.focus_blocks if b.category not in (W, G, S)
+    f.logits = [b for b in f.focus_blocks if b.category not in (W, G, S) and b.name != WORKSPACE_NAME
                 and (len(b.shape) >= 2 and b.shape[-1] in vocab_dims or _vocabulary_sized(b, vocab_dims))]
 
 

@@ -6,7 +6,8 @@ What it detects
 Preconditions
     - the run is under pressure (an OOM, or a peak within 20% of the limit);
     - weights + gradients + optimizer state, as they are once every parameter has its
-      gradient and its state, take at least half the limit;
+      gradient and its state, take at least half the limit (less cuBLAS's workspaces, which
+      no tensor can use);
     - or the OOM came while a model was built on the device or moved (converted) there: an
       `nn.Module.__init__` or `Module._apply` (`.to()`, `.cuda()`, `.double()`) on the
       stack. Its full size is then unknown: the finding gives what was made and asked for.
@@ -30,6 +31,7 @@ Known limits
 """
 from __future__ import annotations
 
+from memdoctor.cuda.blas_workspaces import WORKSPACE_NAME
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import STRUCTURAL, Finding, Remedy, fits
 from memdoctor.diagnosis.facts import Facts
@@ -81,7 +83,10 @@ def check(f: Facts) -> Finding | None:
         return None
     buckets = f.ddp_bucket_bytes         # DDP's copy of the gradients, alive the whole run
     states = f.model_state_bytes + buckets
-    if states < SHARE * f.limit_bytes:
+    # what the run's tensors can have: cuBLAS's workspaces (64 MiB on a Hopper GPU) take
+    # their share of the limit whatever the model
+    workspaces = sum(b.nbytes for b in f.focus_blocks if b.name == WORKSPACE_NAME)
+    if states < SHARE * (f.limit_bytes - workspaces):
         return None
     weights, params = f.cat("weights"), f.param_bytes
     grads = max(f.cat("gradients"), params)
@@ -92,7 +97,8 @@ def check(f: Facts) -> Finding | None:
     evidence = [
         f"weights {format_bytes(weights)} + gradients {format_bytes(grads)} + {opt} state "
         f"{format_bytes(state)} = {format_bytes(states)}, {100 * states / f.limit_bytes:.0f}% of the "
-        f"{format_bytes(f.limit_bytes)} limit",
+        f"{format_bytes(f.limit_bytes)} limit" + (f" ({format_bytes(workspaces)} of it cuBLAS's workspaces)"
+                                                   if workspaces else ""),
     ]
     if buckets:
         evidence[0] = evidence[0].replace(" = ", f" + DistributedDataParallel's gradient buckets {format_bytes(buckets)} = ")

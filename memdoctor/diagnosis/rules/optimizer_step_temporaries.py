@@ -8,7 +8,9 @@ Preconditions
     - the run is under pressure and an optimizer was seen;
     - scratch tensors made inside `optimizer.step()` (plus a failed request there) are
       more than 4 times the largest parameter (what a one-tensor-at-a-time step needs)
-      and at least 8% of live memory;
+      and at least 8% of live memory; at an OOM in a foreach step (asked for, or the
+      default on CUDA), the scratch is at least one list as large as the parameters, which
+      its op makes at once however few of its outputs the OOM let it make;
     - weights, gradients and the optimizer's whole state fit the limit by themselves: when
       they do not (an OOM in the first step, while the state is being made), no step
       implementation makes them fit, and that is model-states.
@@ -38,9 +40,13 @@ ID = "optimizer-step-temporaries"
 def check(f: Facts) -> Finding | None:
     if not f.under_pressure or f.source != "run" or not f.optimizer:
         return None
-    temps = f.optimizer_temporaries
+    seen = temps = f.optimizer_temporaries
     live = f.focus_bytes
     largest = f.optimizer.get("largest_param_bytes", 0)
+    if f.oom and f.oom_phase == "optimizer" and _multi_tensor(f):
+        # a foreach op makes its outputs for every parameter at once: a list as large as the
+        # parameters (AdamW's sqrt of the second moments), however few the OOM let it make
+        temps = max(temps, f.optimizer.get("param_bytes", 0))
     # a one-tensor-at-a-time step needs a few of the largest parameter's size at most
     if temps <= 4 * largest or temps < 0.08 * live:
         return None
@@ -53,7 +59,7 @@ def check(f: Facts) -> Finding | None:
                 f"{temps / max(opt['param_bytes'], 1):.2f}x the {format_bytes(opt['param_bytes'])} of parameters"]
     if f.oom and f.oom_phase == "optimizer":
         evidence.append(f"ran out in the optimizer step of step {f.oom_step} asking for {format_bytes(f.requested_bytes)}")
-    predicted = live - temps + 2 * largest
+    predicted = live - seen + 2 * largest
     takes = opt.get("implementations", ["foreach", "fused"])   # runs saved before it was noted: both
     remedies = []
     if "fused" in takes:
@@ -66,3 +72,10 @@ def check(f: Facts) -> Finding | None:
         return None
     return Finding(ID, f"the optimizer step's scratch tensors take {format_bytes(temps)}", temps, evidence,
                    remedies, free_fix_tier(f, predicted), fits(f, predicted))
+
+
+def _multi_tensor(f: Facts) -> bool:
+    """The step runs foreach ops: asked for, or left to the default, which is foreach on CUDA."""
+    foreach = f.optimizer.get("foreach")
+    return bool(foreach) or (foreach is None and f.device == "cuda"
+                             and "foreach" in f.optimizer.get("implementations", ["foreach"]))
