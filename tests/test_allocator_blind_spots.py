@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -125,3 +126,22 @@ def test_what_outlives_a_pass_under_no_grad_is_its_output_not_saved():
     run.actions = [0] * 50          # the events' count is all this reads of them
     _outliving_forward_are_activations(run)
     assert (saved.category, output.category) == ("activations", "temporaries")
+
+
+BLIND_CASES = [
+    ("two_towers_contrastive.py", [], "192MiB", "activations"),     # the loss's softmaxes, outside the towers
+    ("eval_gathers_outputs.py", [], "160MiB", "leak"),              # outputs of passes under no_grad
+    ("head_outside_blocks.py", [], "180MiB", "activations"),        # no backward kept a graph
+    ("validation_sums_loss_tensors.py", [], "150MiB", "eval-without-no-grad"),
+]
+
+
+@pytest.mark.parametrize("case", BLIND_CASES, ids=[c[0] for c in BLIND_CASES])
+def test_named_from_what_the_allocator_records(case):
+    """Each scenario traced on the CPU, then stripped to what the allocator source records
+    (no shapes, op names or saved-tensor hooks) and labelled as it labels: the cause is the
+    one named with everything known (benchmarks/allocator_blind.py runs them all)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import allocator_blind
+    row = allocator_blind.run_case(*case)
+    assert row["dispatch"][:1] == row["allocator"][:1] == [case[3]], row

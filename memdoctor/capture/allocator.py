@@ -437,22 +437,27 @@ def _passes_without_grad(run: Run):
 
 def _freed_by_backward_are_activations(run: Run) -> None:
     """Blocks made outside any pass after a step's forward began (its loss, computed outside
-    the model) and freed inside that step's backward: saved for it."""
+    the model) and freed inside that step's backward, or alive where an OOM ended the run in
+    it: saved for it."""
     marks, temps = run.marks, Category.TEMPORARIES.value
     other, fwd, bwd = Phase.OTHER.value, Phase.FORWARD.value, Phase.BACKWARD.value
     seqs = [m.seq for m in marks]
+
+    def backward_of(seq: int) -> int | None:
+        at = bisect.bisect_right(seqs, seq) - 1
+        return marks[at].step if at >= 0 and marks[at].phase == bwd else None
     forward_began: dict[int, int] = {}
     for m in marks:
         if m.phase == fwd:
             forward_began.setdefault(m.step, m.seq)
+    ended_in = backward_of(run.ooms[0].seq) if run.ooms else None
     for b in run.blocks.values():
-        if b.phase != other or b.category != temps or b.free_seq is None:
+        if b.phase != other or b.category != temps:
             continue
         began = forward_began.get(b.step)
         if began is None or b.alloc_seq < began:
             continue
-        at = bisect.bisect_right(seqs, b.free_seq) - 1
-        if at >= 0 and marks[at].phase == bwd and marks[at].step == b.step:
+        if (backward_of(b.free_seq) if b.free_seq is not None else ended_in) == b.step:
             b.category = Category.ACTIVATIONS.value
 
 

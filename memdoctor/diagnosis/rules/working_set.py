@@ -6,8 +6,9 @@ What it detects
     not saved for any backward, as in a forward under torch.no_grad() or through a frozen
     backbone, and the batch) together pass the limit, neither alone.
 Preconditions
-    - a traced run (not a log) out of memory in a forward or backward pass, or between the
-      passes of a step (a model ran in it with grad mode on), and no other rule named a cause.
+    - a traced run (not a log) out of memory in a forward or backward pass (a pass never
+      back-propagated too), or between the passes of a step (a model ran in it with grad
+      mode on), and no other rule named a cause.
 Why it runs out of memory
     Even a forward that saves nothing holds each op's input and output at once; with a
     large batch, wide layers or attention over long sequences, one op's working set plus the
@@ -36,7 +37,8 @@ _BATCH = ("activations", "temporaries", "inputs")
 
 def check(f: Facts) -> Finding | None:
     if f.source != "run" or not f.oom or f.focus is None or not (
-            f.oom_phase in ("forward", "backward") or (f.oom_phase == "other" and _in_a_step(f))):
+            f.oom_phase in ("forward", "backward", "forward-without-backward")
+            or (f.oom_phase == "other" and _in_a_step(f))):
         return None     # outside a step (a dataset filling the device) this says nothing
     live = f.focus_bytes
     # the request, and as much again for the op after it (the activation after a matmul holds
