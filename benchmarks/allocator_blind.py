@@ -2,7 +2,8 @@
 
 usage: python benchmarks/allocator_blind.py [OUT.json]
 
-Each scenario with a known cause (as benchmarks/scenarios_on_cuda.py lists them) is traced
+Each scenario with a known cause (as benchmarks/scenarios_on_cuda.py lists them), and each
+real-code case of tests/realworld with a CPU budget (named by its case), is traced
 on the CPU under its budget; the run is then stripped to what CUDA's allocator history and
 memdoctor's owner claims give: a block made by an op keeps its size, its events, its mark
 (phase, step, module) and its user's line, but loses its shape, dtype, op name and what
@@ -53,12 +54,13 @@ def first_rules(run) -> list[str]:
     return [f.rule for f in diagnose(facts_from_run(run))][:3]
 
 
-def run_case(script: str, args: list[str], budget: str, cause: str) -> dict:
+def run_case(script: str, args: list[str], budget: str, cause: str, cwd: Path | None = None) -> dict:
     from memdoctor.run import Run
     saved = Path(tempfile.mkdtemp()) / "run.memrun.json.gz"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "memdoctor", "trace", str(SCENARIOS / script), "--budget", budget,
-                    "-o", str(saved), "--", *args], capture_output=True, timeout=900, cwd=saved.parent, env=env)
+    path = cwd / script if cwd is not None else SCENARIOS / script
+    subprocess.run([sys.executable, "-m", "memdoctor", "trace", str(path), "--budget", budget,
+                    "-o", str(saved), "--", *args], capture_output=True, timeout=900, cwd=cwd or saved.parent, env=env)
     row = {"script": script, "args": args, "budget": budget, "cause": cause}
     if not saved.exists():
         row["error"] = "no run saved"
@@ -70,12 +72,30 @@ def run_case(script: str, args: list[str], budget: str, cause: str) -> dict:
     return row
 
 
+def real_code_cases() -> list[tuple]:
+    """tests/realworld's cases with a CPU budget, each prepared in a folder of its own as
+    that test prepares it (its modules installed)."""
+    from importlib.util import find_spec
+    from tests.realworld.test_realworld import CASES, prepare
+    found = []
+    for case in CASES:
+        if "cpu" not in case["budget"] or any(find_spec(m) is None for m in case.get("requires", [])):
+            continue
+        work = Path(tempfile.mkdtemp()) / case["name"]
+        prepare(case, work)
+        found.append((case["script"], case.get("args_cpu", case.get("args", [])), case["budget"]["cpu"],
+                      case["cause"], work))
+    return found
+
+
 def main() -> int:
     expected = json.loads((SCENARIOS / "expected.json").read_text())
-    cases = [(s, [], e["budget"], e["cause"]) for s, e in expected.items()] + LOOPS
+    cases = [(s, [], e["budget"], e["cause"], None) for s, e in expected.items()] + [(*c, None) for c in LOOPS]
     rows = []
-    for case in cases:
-        row = run_case(*case)
+    for case in cases + real_code_cases():
+        row = run_case(*case[:4], cwd=case[4])
+        if case[4] is not None:
+            row["script"] = case[4].name
         rows.append(row)
         name = row["script"] + ("[" + " ".join(row["args"]) + "]" if row["args"] else "")
         if "error" in row:
