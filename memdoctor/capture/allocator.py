@@ -122,7 +122,6 @@ class AllocatorSource:
         if self._metadata:
             torch._C._cuda_setMemoryMetadata("")
         snapshot = torch.cuda.memory._snapshot()
-        tensors = _live_tensor_addresses()
         self.abandon()
         run = snapshot_to_run(snapshot, self.device, allowance=Allowance("the trace", MAX_SIZE))
         _count_as_allocator(run, snapshot, self.device)
@@ -138,7 +137,7 @@ class AllocatorSource:
         _lines_from_earlier_steps(run, mark_of_block)
         _lines_from_marks(run, mark_of_block, self.mark_lines)
         _join_owners(run, rec.claims or [], run.marks)
-        _blas_workspaces(run, tensors)
+        _blas_workspaces(run)
         _outliving_forward_are_activations(run)
         by_index = {i: m.seq for i, m in enumerate(run.marks)}
         phase_samples = [Sample(by_index.get(i, 0) - 1, a, r) for i, a, r in self.samples]
@@ -353,18 +352,20 @@ def _label_blocks(run: Run, marks: list[Mark], mark_of_block) -> None:
 
 def _live_tensor_addresses() -> set[int]:
     """Where the CUDA tensors Python still refers to keep their data (a list the script keeps
-    outputs in, the frames of an OOM's traceback): such a block is no workspace."""
+    outputs in, the frames of an OOM's traceback): such a block is no workspace. A walk of
+    every object the collector tracks: run once, where a block could be a workspace."""
     found: set[int] = set()
+    tensor = torch.Tensor
     for obj in gc.get_objects():
-        try:
-            if isinstance(obj, torch.Tensor) and obj.is_cuda:
+        try:        # the type, not isinstance: that reads `__class__`, which some objects warn on
+            if issubclass(type(obj), tensor) and obj.is_cuda:
                 found.add(obj.untyped_storage().data_ptr())
         except Exception:       # a tensor subclass or a fake one without storage
             continue
     return found
 
 
-def _blas_workspaces(run: Run, tensors: set[int] = frozenset()) -> None:
+def _blas_workspaces(run: Run, tensors: set[int] | None = None) -> None:
     """cuBLAS and cuBLASLt take a workspace per thread through the caching allocator at the
     thread's first matmul and keep it for the process's life (memdoctor.cuda.blas_workspaces):
     the main thread's in the first forward, autograd's device thread's in the first backward.
@@ -377,11 +378,14 @@ def _blas_workspaces(run: Run, tensors: set[int] = frozenset()) -> None:
     list is 32 MiB too)."""
     sizes = {cublas_workspace_bytes(local_gpu_is_sm90()), cublaslt_workspace_bytes()}
     temps, backward = Category.TEMPORARIES.value, Phase.BACKWARD.value
+    candidates = sorted((b for b in run.blocks.values() if b.nbytes in sizes and b.free_seq is None
+                         and b.category == temps and not b.shape), key=lambda b: b.alloc_seq)
+    if candidates and tensors is None:
+        tensors = _live_tensor_addresses()
     seen: set[tuple[bool, int]] = set()
-    for b in sorted(run.blocks.values(), key=lambda b: b.alloc_seq):
+    for b in candidates:
         thread = (b.phase == backward, b.nbytes)
-        if b.nbytes in sizes and b.free_seq is None and b.category == temps and not b.shape \
-                and b.address not in tensors and thread not in seen:
+        if b.address not in tensors and thread not in seen:
             seen.add(thread)
             b.category, b.name = Category.OTHER.value, WORKSPACE_NAME
 
