@@ -1,8 +1,10 @@
 """What the allocator source (CUDA) cannot see, and what stands in for it. It cannot tell a
 saved tensor from an output the script still refers to: backward calls told to keep their
 graph are noted (with their line), and only a step that made one keeps its graph into the
-next. It knows no shape for a tensor not yet bound to a name: data made before any model
-ran is named without one. Runs traced here are stripped to what that source records."""
+next; a loss made between forward and backward that backward frees is saved, what outlives
+a pass under no_grad is not. It knows no shape for a tensor not yet bound to a name: data
+made before any model ran is named without one. cuBLAS's workspaces take their part of any
+limit. Runs traced here on the CPU are stripped to what that source records."""
 import subprocess
 import sys
 from pathlib import Path
