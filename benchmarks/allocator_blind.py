@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from scenarios_on_cuda import LOOPS, SCENARIOS  # noqa: E402
+from scenarios_on_cuda import SCENARIOS, all_cases  # noqa: E402
 
 OWNED = ("weights", "gradients", "optimizer_state", "inputs")
 # more of tests/test_loops_elsewhere.py's loops, whose first finding there is what the tests
@@ -42,7 +42,7 @@ MORE = [("checkpointed_blocks.py", ["reentrant"], "100MiB", None), ("two_generat
 
 def blind(run) -> None:
     """Strip a dispatch run to what the allocator source knows, then label it as that does."""
-    from memdoctor.capture.allocator import _outliving_forward_are_activations
+    from memdoctor.capture.allocator import _freed_by_backward_are_activations, _outliving_forward_are_activations
     from memdoctor.run import Phase
     run.source = "allocator"
     nob, fwd = Phase.FORWARD_NO_BACKWARD.value, Phase.FORWARD.value
@@ -53,6 +53,7 @@ def blind(run) -> None:
         if b.category in OWNED:
             continue
         b.category, b.shape, b.dtype, b.name = "temporaries", [], "", ""
+    _freed_by_backward_are_activations(run)
     _outliving_forward_are_activations(run)
     for x in relabelled:
         x.phase = nob
@@ -98,8 +99,7 @@ def real_code_cases() -> list[tuple]:
 
 
 def main() -> int:
-    expected = json.loads((SCENARIOS / "expected.json").read_text())
-    cases = [(s, [], e["budget"], e["cause"], None) for s, e in expected.items()] + [(*c, None) for c in LOOPS + MORE]
+    cases = [(*c, None) for c in all_cases() + MORE]
     rows = []
     for case in cases + real_code_cases():
         row = run_case(*case[:4], cwd=case[4])

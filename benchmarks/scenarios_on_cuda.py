@@ -54,6 +54,12 @@ runpy.run_path(script, run_name="__main__")
 """
 
 
+def all_cases() -> list[tuple]:
+    """(script, arguments, CPU budget, cause): expected.json's scenarios, then LOOPS."""
+    expected = json.loads((SCENARIOS / "expected.json").read_text())
+    return [(s, [], e["budget"], e["cause"]) for s, e in expected.items()] + LOOPS
+
+
 def parse_bytes(text: str) -> int:
     units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
     for unit, scale in units.items():
@@ -110,8 +116,7 @@ def main() -> int:
         jobs = int(argv[at + 1])
         del argv[at:at + 2]
     out_path = Path(argv[0]) if argv else None
-    expected = json.loads((SCENARIOS / "expected.json").read_text())
-    cases = [(s, [], e["budget"], e["cause"]) for s, e in expected.items()] + LOOPS
+    cases = all_cases()
     wrapper = os.path.join(tempfile.mkdtemp(), "on_cuda.py")
     Path(wrapper).write_text(ON_CUDA)
     def safe(case):

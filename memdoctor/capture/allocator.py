@@ -138,6 +138,7 @@ class AllocatorSource:
         _lines_from_marks(run, mark_of_block, self.mark_lines)
         _join_owners(run, rec.claims or [], run.marks)
         _blas_workspaces(run)
+        _freed_by_backward_are_activations(run)
         _outliving_forward_are_activations(run)
         by_index = {i: m.seq for i, m in enumerate(run.marks)}
         phase_samples = [Sample(by_index.get(i, 0) - 1, a, r) for i, a, r in self.samples]
@@ -395,12 +396,10 @@ def _outliving_forward_are_activations(run: Run) -> None:
     autograd saves, and another to unpack it, cost a fast loop more than the rest of the
     attribution): a block made in a forward pass that is still alive when that pass ends is
     what backward needs (saved tensors, outputs), so it counts as activations; one freed
-    inside the pass stays a temporary. So does one made between a step's forward and its
-    backward (a loss outside any module) that the backward frees."""
+    inside the pass stays a temporary, and so does what outlives a pass under no_grad."""
     marks = run.marks
     if not marks:
         return
-    _freed_by_backward_are_activations(run)
     fwd, temps = Phase.FORWARD.value, Category.TEMPORARIES.value
     no_grad = _passes_without_grad(run)
     end_after = [run.num_events] * len(marks)      # mark index -> where its forward pass ends

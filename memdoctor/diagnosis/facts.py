@@ -206,17 +206,17 @@ def _peak_before_no_backward(run: Run) -> int:
     return peak(run, 0, min(starts))[1] if starts else 0
 
 
-def _pending_passes(run: Run) -> tuple[int, int | None, bool]:
+def _pending_passes(run: Run, cut: tuple[int, int] | None) -> tuple[int, int | None, bool]:
     """At an OOM: the calls of one model in training mode with grad on since the last call
-    that was back-propagated (their backward has not come yet; in a backward, those since
-    the backward before, which it was to reach), of the model called most
+    that was back-propagated (their backward has not come yet; in a backward cut short at
+    `cut`, those since the backward before, which it was to reach), of the model called most
     often there, the event where the first of them began, and whether one line of code made
-    them all (a loop). Micro-batches whose losses are summed call one model several times; separate models called once each (two towers
-    of a contrastive loss, an embedding then a recurrent layer) are one pass each."""
+    them all (a loop). Micro-batches whose losses are summed call one model several times;
+    separate models called once each (two towers of a contrastive loss, an embedding then a
+    recurrent layer) are one pass each."""
     if not run.ooms:
         return 0, None, False
     calls = [c for c in run.meta.get("forward_calls", []) if isinstance(c, dict)]
-    cut = backward_cut_short(run)
     if cut is not None:         # out in a backward: the passes since the one before await it
         waiting = [c for c in calls if type(c.get("seq_start")) is int and cut[0] <= c["seq_start"] < cut[1]]
     else:
@@ -257,7 +257,8 @@ def facts_from_run(run: Run) -> Facts:
     f.steps = per_step(run)
     f.steps_from = run.meta.get("steps_from", "optimizer")
     f.growth_per_step = _kept_growth(run, f.steps)
-    f.pending_passes, pending_seq, f.pending_from_one_line = _pending_passes(run)
+    cut = backward_cut_short(run)       # an OOM in a backward: what it was to reach since the last one
+    f.pending_passes, pending_seq, f.pending_from_one_line = _pending_passes(run, cut)
     # what the passes still awaiting their backward saved for it is no leak, whatever the steps
     awaiting = set()
     if f.pending_passes >= 2 and pending_seq is not None:
@@ -265,7 +266,6 @@ def facts_from_run(run: Run) -> Facts:
         awaiting = {b.id for b in f.focus_blocks if b.category == ACT and b.alloc_seq >= pending_seq
                     and b.phase == Phase.FORWARD.value}
         f.pending_activations = sum(b.nbytes for b in f.focus_blocks if b.id in awaiting)
-    cut = backward_cut_short(run)       # an OOM in a backward: what it was to reach since the last one
     if cut is not None:
         awaiting |= {b.id for b in f.focus_blocks if b.category == ACT and cut[0] <= b.alloc_seq < cut[1]
                      and b.phase == Phase.FORWARD.value}

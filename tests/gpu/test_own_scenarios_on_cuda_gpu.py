@@ -12,27 +12,27 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-CASES = [
-    # a kept 32 MiB output (a cuBLAS workspace's size), beside a large frozen model
-    ("leak_in_two_steps.py", ["reference"], "372MiB", "leak"),
-    # the last step's logits still bound to a variable: no backward kept a graph
-    ("head_outside_blocks.py", [], "180MiB", "activations"),
-    ("retain_graph_stray.py", [], "56MiB", "retained-graph"),
-    # data made on the device before any model, no shape known
-    ("dataset_through_dataloader.py", [], "180MiB", "data-on-device"),
-    ("batches_made_up_front.py", [], "200MiB", "data-on-device"),
-    # an evaluation under no_grad gathering its logits
-    ("eval_gathers_outputs.py", [], "160MiB", "leak"),
-    ("gan_two_optimizers.py", [], "56MiB", "model-states"),
-    ("foreach_adamw_many_layers.py", [], "248MiB", "optimizer-step-temporaries"),
-    ("two_towers_contrastive.py", [], "192MiB", "activations"),
-    ("losses_summed_one_backward.py", [], "160MiB", "activations"),
-]
+import scenarios_on_cuda  # noqa: E402
+
+# the cases the allocator source once named wrong (budgets and causes as the benchmark has them)
+ONCE_WRONG = {
+    ("leak_in_two_steps.py", ("reference",)),       # a kept 32 MiB output, a cuBLAS workspace's size
+    ("head_outside_blocks.py", ()),                 # last step's logits still bound: no graph kept
+    ("retain_graph_stray.py", ()),
+    ("dataset_through_dataloader.py", ()),          # data made before any model, no shape known
+    ("batches_made_up_front.py", ()),
+    ("eval_gathers_outputs.py", ()),                # outputs of passes under no_grad
+    ("gan_two_optimizers.py", ()),                  # model states beside cuBLAS's workspaces
+    ("foreach_adamw_many_layers.py", ()),
+    ("two_towers_contrastive.py", ()),              # a loss outside the towers
+    ("losses_summed_one_backward.py", ()),
+}
+CASES = [c for c in scenarios_on_cuda.all_cases() if (c[0], tuple(c[1])) in ONCE_WRONG]
+assert len(CASES) == len(ONCE_WRONG), "a case above is not among the benchmark's"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] + "".join(c[1]) for c in CASES])
 def test_named_on_the_gpu_as_on_the_cpu(case, tmp_path):
-    import scenarios_on_cuda
     wrapper = tmp_path / "on_cuda.py"
     wrapper.write_text(scenarios_on_cuda.ON_CUDA)
     row = scenarios_on_cuda.run_case(case, str(wrapper))
