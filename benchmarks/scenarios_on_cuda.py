@@ -29,7 +29,7 @@ SCENARIOS = ROOT / "tests" / "scenarios"
 LOOPS = [
     ("gan_two_optimizers.py", [], "56MiB", "model-states"),
     ("frozen_backbone.py", ["all"], "40MiB", "model-states"),
-    ("head_outside_blocks.py", [], "180MiB", "activations"),
+    ("head_outside_blocks.py", [], "180MiB", "large-logits"),
     ("checkpointed_blocks.py", ["non-reentrant"], "100MiB", "activations"),
     ("triplet_one_loss.py", [], "120MiB", "activations"),
     ("leak_through_retained_graph.py", [], "40MiB", "leak"),

@@ -181,9 +181,22 @@ def test_a_checkpointed_model_still_saves_whole_and_copies():
     buffer = io.BytesIO()
     torch.save(model, buffer)
     buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=False)
+    # as word_language_model loads it: weights only, its own classes allowed, nothing else
+    with torch.serialization.safe_globals([_SavedModel, _SavedBlock, nn.ModuleList, nn.Sequential, nn.Linear]):
+        loaded = torch.load(buffer)
     assert torch.equal(loaded(x), model(x))
+    assert "forward" not in loaded.blocks[0].__dict__ and "__getstate__" not in loaded.blocks[0].__dict__
     assert torch.equal(copy.deepcopy(model)(x), model(x))
+
+
+def test_checkpointing_undone_leaves_the_modules_as_they_were():
+    model = _SavedModel()
+    own = model.flat.forward
+    model.flat.forward = own            # a forward of its own in the instance, kept through undo
+    before = {name: set(m.__dict__) for name, m in model.named_modules()}
+    apply_checkpointing(model, "full").undo()
+    assert {name: set(m.__dict__) for name, m in model.named_modules()} == before
+    assert model.flat.__dict__["forward"] is own
 
 
 def test_t5s_blocks_are_its_encoders_and_decoders_layers_not_the_two_stacks():

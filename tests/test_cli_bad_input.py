@@ -66,3 +66,14 @@ def test_a_size_argument_of_any_length_is_one_line(tmp_path):
         proc = run_cli(*argv, cwd=tmp_path)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr
+
+
+def test_a_reader_that_stops_reading_gets_no_internal_error(tmp_path):
+    """`memdoctor explain | head -1`: the pipe closes under memdoctor's output; it stops quietly
+    with the shell's code for that (141), no "internal error"."""
+    proc = subprocess.Popen([sys.executable, "-m", "memdoctor", "explain"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    proc.stdout.close()         # the reader is gone before memdoctor writes
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141, err
+    assert err.decode().strip() == ""

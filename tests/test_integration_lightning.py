@@ -70,3 +70,33 @@ def test_a_plan_as_trainer_arguments_lowers_the_peak_as_predicted():
     assert after < 0.6 * before, (before / MiB, after / MiB)
     assert before == pytest.approx(tiny_gpt2.predicted_peak(None), rel=0.1)
     assert after == pytest.approx(tiny_gpt2.predicted_peak("micro=4"), rel=0.1)
+
+
+def _diagnose(script, *args, cwd):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "memdoctor", "diagnose", str(script), *args], capture_output=True,
+                          text=True, timeout=600, cwd=cwd)
+    assert proc.returncode in (0, 3), proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_lightnings_gradients_kept_through_the_next_forward_are_named_with_lightnings_fix(tmp_path):
+    """Lightning's automatic optimization zeroes the gradients after `training_step`'s forward:
+    the last step's gradients sit beside the activations. The fix is said in Lightning's terms,
+    and the fixed module (its own `optimizer_step` freeing them) fits at the predicted peak. The
+    step's closure (forward, loss, backward) is the training step's, not the optimizer's; the
+    modules `training_step` calls are named by their path in the LightningModule."""
+    from pathlib import Path
+    script = Path(__file__).parent / "fixtures" / "scripts" / "lightning_lm.py"
+    out = _diagnose(script, "--budget", "90MiB", "--json", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "grads-during-forward", [f["rule"] for f in out["findings"]]
+    remedy = first["remedies"][0]
+    assert "def optimizer_step" in remedy["in_framework"] and "zero_grad(set_to_none=True)" in remedy["in_framework"]
+    fixed = _diagnose(script, "--budget", "90MiB", "--json", "--", "--fix", cwd=tmp_path)
+    assert not fixed["oom"]
+    assert abs(remedy["predicted_peak_bytes"] - fixed["peak_bytes"]) <= 0.02 * fixed["peak_bytes"]
+    big = _diagnose(script, "--budget", "120MiB", "--json", "--", "--batch", "32", cwd=tmp_path)
+    assert big["findings"][0]["rule"] == "activations"
+    assert any(line.startswith("largest savers: body.layers.") for line in big["findings"][0]["evidence"])

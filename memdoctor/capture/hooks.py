@@ -26,7 +26,7 @@ from memdoctor.capture.block_lists import block_lists
 from memdoctor.capture.checkpoint_seen import CheckpointSeen
 from memdoctor.capture.root_names import root_prefix
 from memdoctor.capture.storages import storage_key as _storage_key, storage_of as _storage_of
-from memdoctor.capture.optimizers import ZeroGradWatch, describe_optimizer, inner_optimizer
+from memdoctor.capture.optimizers import ZeroGradWatch, closure_outside_the_step, describe_optimizer, inner_optimizer
 from memdoctor.capture.stepaside import hooks_disabled, step_aside_for, stop_stepping_aside_for
 
 DATASET_ROWS = 4        # an input taken from a storage this many times its size: a dataset's slice
@@ -556,6 +556,7 @@ class OwnershipHooks:
         self.optimizer_steps += 1        # counted as it starts: a first step the OOM cut short is one
         self.rec.mark(_OPTIMIZER)
         self.adopt_optimizer(optimizer)
+        return closure_outside_the_step(self.rec, args, kwargs)
 
     @guarded
     def _step_post(self, optimizer, args, kwargs):

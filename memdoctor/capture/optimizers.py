@@ -118,3 +118,31 @@ def grads_no_optimizer_steps(models: dict[int, object], optimizers,
         if any(p.requires_grad for _, p in params) and not any(id(p) in stepped for _, p in params):
             whole.append(order)     # (before its first backward, no gradient yet)
     return grads, whole
+
+
+def closure_outside_the_step(rec, args: tuple, kwargs: dict):
+    """`optimizer.step(closure)` (LBFGS, SAM, Lightning's automatic optimization, which hands
+    every optimizer a closure running `training_step`, zero_grad and backward): the closure's
+    forward, loss and backward are the training step's, not the optimizer's scratch. The
+    step's pre-hook gets the closure wrapped so that the run leaves the optimizer phase while
+    it runs; returns the (args, kwargs) to step with, None where there is no closure."""
+    closure = kwargs.get("closure") if kwargs else None
+    positional = closure is None and bool(args) and callable(args[0])
+    closure = args[0] if positional else closure
+    if closure is None or getattr(closure, "_memdoctor_outside_step", False):
+        return None
+
+    def outside_the_step(*a, **k):
+        was = rec.in_optimizer
+        rec.in_optimizer = False
+        rec.mark(rec.outer_phase())
+        try:
+            return closure(*a, **k)
+        finally:
+            rec.in_optimizer = was
+            rec.mark(rec.outer_phase())
+
+    outside_the_step._memdoctor_outside_step = True
+    if positional:
+        return (outside_the_step, *args[1:]), kwargs
+    return args, {**kwargs, "closure": outside_the_step}

@@ -6,6 +6,7 @@ import argparse
 import os
 
 EXIT_OK, EXIT_SCRIPT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_INTERNAL = 0, 1, 2, 3, 4
+EXIT_PIPE_CLOSED = 141     # 128 + SIGPIPE, as a shell reports a writer its reader left
 
 
 class UsageError(Exception):

@@ -12,7 +12,7 @@ import os
 import sys
 
 from memdoctor.cli import diagnose, estimate, explain, export, plan, report, script_args, trace, tui
-from memdoctor.cli.common import EXIT_INTERNAL, EXIT_USAGE, UsageError
+from memdoctor.cli.common import EXIT_INTERNAL, EXIT_PIPE_CLOSED, EXIT_USAGE, UsageError
 from memdoctor.version import __version__
 
 COMMANDS = (trace, diagnose, explain, tui, report, estimate, plan, export)
@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:     # the reader (`| head`) stopped reading: stop quietly, as `cat` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())    # nothing left to flush at exit
+        return EXIT_PIPE_CLOSED
     except Exception as exc:   # one line, never a traceback, for memdoctor's own failures
         from memdoctor.limits import ReadLimitError
         from memdoctor.run import RunFileError

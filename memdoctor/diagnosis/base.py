@@ -59,3 +59,11 @@ def free_fix_tier(facts, predicted_peak: int | None) -> int:
     """FREE_FIX when removing the cause alone makes the run fit (or nothing says otherwise)."""
     ok = fits(facts, predicted_peak)
     return FREE_FIX if ok in (True, None) else PARTIAL
+
+
+def tipped(facts, cause_bytes: int) -> bool:
+    """Without `cause_bytes` the request that failed would have fitted: a cause that is a
+    small share of live memory (a leak one step old, a model's gradients, beside a large
+    model) can still be what ran out."""
+    over = facts.focus_bytes - (facts.limit_bytes or 0)       # the live bytes hold the request
+    return bool(facts.limit_bytes and facts.requested_bytes) and 0 < over <= cause_bytes

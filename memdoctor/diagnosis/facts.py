@@ -568,6 +568,7 @@ def _model_ran(f: Facts, run: Run) -> bool:
                and c["seq_start"] <= focus for c in run.meta.get("forward_calls", []))
 
 
+SOFTMAXED_VOCAB_MIN = 1024      # a narrower projection is a vocabulary where a loss's log-softmax is over it
 LOGIT_ROWS = 256        # a shapeless block counts as logits from this many vocabulary rows
 
 
@@ -575,7 +576,9 @@ def _find_logits(f: Facts) -> None:
     """Outputs of a projection to a vocabulary: the last dim matches a large weight's rows."""
     weights = [b for b in f.focus_blocks if b.category == W and len(b.shape) == 2]
     consumed = {b.shape[1] for b in weights}      # a width some later layer reads is no vocabulary
-    vocab_dims = {b.shape[0] for b in weights if b.shape[0] >= VOCAB_MIN and b.shape[0] not in consumed}
+    softmaxed = {b.shape[-1] for b in f.focus_blocks if b.shape and "log_softmax" in b.name}   # a loss over it
+    vocab_dims = {r for r in (b.shape[0] for b in weights) if r not in consumed
+                  and (r >= VOCAB_MIN or r >= SOFTMAXED_VOCAB_MIN and r in softmaxed)}
     if not vocab_dims:
         return
     f.vocab = max(vocab_dims)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from memdoctor.attribution import live_blocks, live_curve, peak
-from memdoctor.run import Category, Phase, Run
+from memdoctor.run import Action, Category, Phase, Run
 from memdoctor.units import format_bytes
 
 ACT, TMP = Category.ACTIVATIONS.value, Category.TEMPORARIES.value
@@ -123,14 +123,30 @@ def rest_of_step(f, run: Run) -> int | None:
     now, before = first(Phase.FORWARD.value, step), first(Phase.FORWARD.value, step - 1)
     if now is None or before is None:
         return None
-    at = before + run.ooms[0].seq - now
     end = first(Phase.OPTIMIZER.value, step - 1, before) or min((m.seq for m in run.marks if m.step >= step),
                                                                default=run.num_events)
+    at = _same_request_before(run, now, before, end, f.requested_bytes)
     if not before <= at < end:
         return None
     curve = live_curve(run)
     # the live bytes hold the request; the step before made its like at `at`
     return max(max(curve[at:end]) - curve[max(at - 1, 0)] - (f.requested_bytes or 0), 0)
+
+
+def _same_request_before(run: Run, now: int, before: int, end: int, request: int | None) -> int:
+    """Where the step before (its forward from `before`) made what the OOM's step (from `now`)
+    asked for: its allocation of the same size, as many of them in as at the OOM. Counting
+    events alone is thrown off by what only a first step makes (a mask made once and cached)."""
+    oom = run.ooms[0].seq
+    if request:
+        alloc, actions, sizes = Action.ALLOC, run.actions, run.event_bytes
+        k = sum(1 for s in range(now, oom) if actions[s] == alloc and sizes[s] == request)
+        for s in range(before, end):
+            if actions[s] == alloc and sizes[s] == request:
+                if k == 0:
+                    return s
+                k -= 1
+    return before + oom - now
 
 
 def previous_step_peak(f, run: Run, removed, consumed=None) -> int | None:

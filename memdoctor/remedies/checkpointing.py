@@ -277,9 +277,9 @@ def _segmented(parent: nn.Sequential, units: list[Unit], chosen: set[int], conte
 
 
 class WrappedForward:
-    """A forward memdoctor put on a module: it runs `run`, and pickles and copies as the
-    forward it replaced, so that `torch.save(model)` and `copy.deepcopy(model)` (an EMA copy)
-    keep working; what they make runs the plain forward."""
+    """A forward memdoctor put on a module: it runs `run`. The module pickles and copies
+    without it (`_install`), so `torch.save(model)` and `copy.deepcopy(model)` (an EMA copy)
+    keep working and what they make runs the plain forward."""
 
     def __init__(self, run: Callable, wrapped: Callable):
         self._run, self.__wrapped__ = run, wrapped
@@ -288,12 +288,25 @@ class WrappedForward:
     def __call__(self, *args, **kwargs):
         return self._run(*args, **kwargs)
 
-    def __reduce__(self):
-        return _same, (self.__wrapped__,)
+
+def _install(module: nn.Module, forward: WrappedForward) -> tuple:
+    """Put `forward` on `module`, and a `__getstate__` of its own that pickles and copies the
+    module without it: a script's `torch.load(weights_only=True)` of its whole model allows
+    the globals it lists, never memdoctor's. Returns what `undo` needs."""
+    undo = (module, "forward" in module.__dict__, module.__dict__.get("forward"))
+    module.forward = forward
+    object.__setattr__(module, "__getstate__", functools.partial(_state_without_forward, module, *undo[1:]))
+    return undo
 
 
-def _same(value):
-    return value
+def _state_without_forward(module: nn.Module, had_own: bool, previous) -> dict:
+    state = type(module).__getstate__(module)
+    state.pop("__getstate__", None)
+    if had_own:
+        state["forward"] = previous
+    else:
+        state.pop("forward", None)
+    return state
 
 
 def _turn_off_kv_caches(model: nn.Module) -> list:
@@ -348,19 +361,18 @@ def apply_checkpointing(
     for unit in chosen:
         if unit.module is not None:
             block = unit.module
-            wrapped.append((block, "forward" in block.__dict__, block.__dict__.get("forward")))
-            block.forward = _checkpointed(block.forward, context_fn, block)
+            wrapped.append(_install(block, _checkpointed(block.forward, context_fn, block)))
     for parent in {id(u.parent): u.parent for u in chosen if u.parent is not None}.values():
         units = [u for u in found if u.parent is parent]
         picked = {i for i, u in enumerate(units) if any(u is c for c in chosen)}
-        wrapped.append((parent, "forward" in parent.__dict__, parent.__dict__.get("forward")))
-        parent.forward = _segmented(parent, units, picked, context_fn)
+        wrapped.append(_install(parent, _segmented(parent, units, picked, context_fn)))
     caches = _turn_off_kv_caches(model) if chosen else []
 
     def undo() -> None:
         for config in caches:
             config.use_cache = True
         for block, had_own, previous in reversed(wrapped):
+            del block.__dict__["__getstate__"]
             if had_own:
                 block.forward = previous
             else:

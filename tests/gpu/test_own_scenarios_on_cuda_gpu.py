@@ -17,7 +17,6 @@ import scenarios_on_cuda  # noqa: E402
 # the cases the allocator source once named wrong (budgets and causes as the benchmark has them)
 ONCE_WRONG = {
     ("leak_in_two_steps.py", ("reference",)),       # a kept 32 MiB output, a cuBLAS workspace's size
-    ("head_outside_blocks.py", ()),                 # last step's logits still bound: no graph kept
     ("retain_graph_stray.py", ()),
     ("dataset_through_dataloader.py", ()),          # data made before any model, no shape known
     ("batches_made_up_front.py", ()),

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections import Counter
 
 from memdoctor.units import format_bytes
-from memdoctor.diagnosis.base import Finding, Remedy, free_fix_tier, fits, plural
+from memdoctor.diagnosis.base import Finding, Remedy, free_fix_tier, fits, plural, tipped
 from memdoctor.diagnosis.facts import Facts
 
 ID = "leak"
@@ -151,7 +151,7 @@ def _over_few_steps(f: Facts) -> Finding | None:
     leaked = [b for blocks in groups.values() if {b.step for b in blocks} == set(range(current)) for b in blocks]
     kept = sum(b.nbytes for b in leaked)
     live = f.focus_bytes
-    if not kept or (kept < SHARE * live and not _tipped(f, kept)):
+    if not kept or (kept < SHARE * live and not tipped(f, kept)):
         return None
     name, common = _most_common(leaked)
     made = (f"made alike in each of the {current} steps before the OOM's" if current > 1 else
@@ -167,14 +167,6 @@ def _over_few_steps(f: Facts) -> Finding | None:
                    kept, evidence, remedies, free_fix_tier(f, predicted), fits(f, predicted),
                    {"growth_per_step": kept / current, "steps": current, "steps_from": f.steps_from},
                    blocks=leaked)
-
-
-def _tipped(f: Facts, kept: int) -> bool:
-    """Without what is kept the request that failed would have fitted: a leak a few steps
-    old is a small share of live memory (one step's worth, beside a large model), but it
-    is what ran out."""
-    over = f.focus_bytes - (f.limit_bytes or 0)         # the live bytes hold the request
-    return bool(f.limit_bytes and f.requested_bytes) and 0 < over <= kept
 
 
 def _most_common(blocks) -> tuple[str, str]:

@@ -71,6 +71,14 @@ def in_backward_applies(f: Facts) -> bool:
     return passes <= stepped + 1       # one pass a step (the step running may have had its own)
 
 
+def _asks_for_a_gradient(f: Facts) -> bool:
+    """An OOM in backward asking for a parameter's size while gradients are still to come: the
+    request is that gradient, which `grads` (the parameters' size) counts already."""
+    request = f.requested_bytes or 0
+    return (f.oom_phase == "backward" and request > 0 and f.cat("gradients") + request <= f.param_bytes
+            and any(b.category == "weights" and b.nbytes == request for b in f.focus_blocks))
+
+
 def _mostly_fp32(f: Facts) -> bool:
     weights = [b for b in f.focus_blocks if b.category == "weights"]
     return 2 * sum(b.nbytes for b in weights if b.dtype == "float32") >= sum(b.nbytes for b in weights)
@@ -92,7 +100,7 @@ def check(f: Facts) -> Finding | None:
     grads = max(f.cat("gradients"), params)
     state = max(f.cat("optimizer_state"), f.state_bytes_full)
     other = max(f.focus_bytes - f.cat("weights") - f.cat("gradients") - f.cat("optimizer_state")
-                - (f.requested_bytes or 0 if f.oom_phase == "optimizer" else 0), 0)
+                - (f.requested_bytes or 0 if f.oom_phase == "optimizer" or _asks_for_a_gradient(f) else 0), 0)
     opt = (f.optimizer or {}).get("class", "the optimizer")
     evidence = [
         f"weights {format_bytes(weights)} + gradients {format_bytes(grads)} + {opt} state "
