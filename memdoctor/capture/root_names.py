@@ -14,12 +14,13 @@ import torch
 from memdoctor.capture.frames import is_user_file
 
 _FRAMES = 16        # from the module call's hook out through the user's frames
+OWNER_WALKS = 8     # models looked for in a module holding them (a walk of the heap, ~0.1 s, each)
 
 
 def root_prefix(root, taken: set, earlier_roots: list, frame=None) -> str:
     """"<path>." of `root` in a module holding it; else "" where none of `root`'s
     module paths is `taken` already; else "<name>." for it."""
-    owned = _path_in_owner(root)
+    owned = _path_in_owner(root) if len(earlier_roots) < OWNER_WALKS else ""
     if owned:
         return owned + "."
     if not any(name in taken for name, _ in root.named_modules() if name):
