@@ -78,3 +78,25 @@ def test_a_plan_as_training_arguments_lowers_the_peak_as_predicted(tmp_path, bef
     after, predicted_after = _peak(tmp_path, **settings.values), tiny_gpt2.predicted_peak(plan)
     assert after < 0.6 * before, (plan, before / MiB, after / MiB)
     assert after == pytest.approx(predicted_after, rel=0.1), (plan, after / MiB, predicted_after / MiB)
+
+
+def test_weights_loaded_with_from_pretrained_count_as_weights(tmp_path):
+    """On the CPU `from_pretrained` memory-maps a safetensors file: storages torch never
+    allocated, which a GPU run holds on the device. They count as the model's weights, to the
+    byte; gradients and AdamW's state are counted as usual."""
+    from memdoctor.capture.session import Tracer
+    from memdoctor import attribution as A
+    from transformers import GPT2LMHeadModel
+    tiny_gpt2.model().save_pretrained(tmp_path / "tiny")
+    tracer = Tracer(source="dispatch")
+    with tracer:
+        model = GPT2LMHeadModel.from_pretrained(tmp_path / "tiny")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ids = tiny_gpt2.tokens(tiny_gpt2.BATCH)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    after = A.breakdown_at(tracer.run, tracer.run.num_events - 1).by_category
+    assert after["weights"] == params
+    steps = sum(s["step"].numel() * s["step"].element_size() for s in optimizer.state.values())
+    assert after["gradients"] == params and after["optimizer_state"] == 2 * params + steps

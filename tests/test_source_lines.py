@@ -158,6 +158,27 @@ def test_a_list_on_self_is_found_with_its_append_line():
     assert len(found[0].storages) == 1
 
 
+class _LazyMapping(dict):
+    """transformers' MODEL_MAPPING: a dict whose values() imports every model class, one of
+    which may fail to import."""
+
+    def values(self):
+        raise ValueError("Could not find SomeModel in transformers")
+
+
+def test_a_lazy_mapping_beside_the_list_does_not_stop_the_search():
+    mapping = _LazyMapping(a=1)     # noqa: F841 (in the frame, as a script's module-level mapping is)
+    history = []
+
+    def step():
+        history.append(torch.ones(4))       # the line to find
+        return sys._getframe(1)
+
+    frame = step()
+    found = [h for h in find_held(frame=frame) if h.holder == "history"]
+    assert found and len(found[0].storages) == 1
+
+
 def test_a_real_oom_takes_the_line_of_its_traceback():
     from memdoctor.capture.session import Tracer
     with pytest.raises(torch.OutOfMemoryError):

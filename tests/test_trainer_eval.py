@@ -44,3 +44,18 @@ def test_out_of_memory_in_the_third_join_is_the_same_leak(tmp_path):
     first = out["findings"][0]
     assert first["rule"] == "leak", [f["rule"] for f in out["findings"]]
     assert "eval_accumulation_steps" in first["remedies"][0]["how"]
+
+
+def test_an_evaluation_batch_too_large_for_its_logits_is_told_as_the_trainers_setting(tmp_path):
+    """The Trainer's evaluation (under no_grad) runs out making the loss over a batch's logits,
+    an 8000-word vocabulary: large logits, not a shape bug. The fix is the evaluation batch, in
+    TrainingArguments, and its peak is the training's before it, as a quarter of the batch
+    measures."""
+    code, out = _diagnose("32", "loss-only", "--eval-batch", "32", cwd=tmp_path, budget="200MiB")
+    assert code == 3
+    first = out["findings"][0]
+    assert first["rule"] == "large-logits", [f["rule"] for f in out["findings"]]
+    remedy = next(r for r in first["remedies"] if r["title"] == "smaller evaluation batch")
+    assert "per_device_eval_batch_size" in remedy["in_framework"]
+    _, quarter = _diagnose("32", "loss-only", "--eval-batch", "8", cwd=tmp_path, budget="1GiB")
+    assert abs(remedy["predicted_peak_bytes"] - quarter["peak_bytes"]) <= 0.05 * quarter["peak_bytes"]

@@ -58,7 +58,10 @@ def _find_held(tb, frame, graphs: bool) -> list[Held]:
     for f in user_frames(tb, frame):
         code = f.f_code
         for holder, value in _namespace(f):
-            storages = _storages(value, graphs)
+            try:
+                storages = _storages(value, graphs)
+            except Exception:       # a container of someone else's that computes its items (a lazy mapping)
+                continue
             if not storages:
                 continue
             key = (code.co_filename, holder)
@@ -148,7 +151,7 @@ def _storages(container, graphs: bool = True) -> list[tuple[int, int]]:
     budget = [GRAPH_NODES_CAP if graphs else 0]
 
     def items(c):
-        values = c.values() if isinstance(c, dict) else c
+        values = dict.values(c) if isinstance(c, dict) else c     # stored values: a lazy mapping loads none
         for i, v in enumerate(values):
             if i >= ITEMS_CAP:
                 return

@@ -34,7 +34,7 @@ log = logging.getLogger("memdoctor")
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)    # the types that hold their own storage
-_TEMP = Category.TEMPORARIES.value
+_TEMP, _WEIGHTS = Category.TEMPORARIES.value, Category.WEIGHTS.value
 _FORWARD, _OPTIMIZER, _OTHER = Phase.FORWARD.value, Phase.OPTIMIZER.value, Phase.OTHER.value
 _ALLOC = Action.ALLOC
 _now = time.perf_counter
@@ -166,8 +166,11 @@ class Recorder:
         if entry is not None:
             self._strengthen(entry.id, category)
             return entry.id, False
-        if not storage.resizable() and not storage.is_shared():
-            return None, False  # memory torch did not allocate (torch.from_numpy: numpy's)
+        if not storage.resizable() and not storage.is_shared() and category != _WEIGHTS:
+            # memory torch did not allocate (torch.from_numpy: numpy's); but weights read from a
+            # memory-mapped file (transformers' from_pretrained of safetensors on the CPU) are
+            # the model's, which a GPU run holds on the device
+            return None, False
         nbytes = storage.nbytes()
         if self.budget is not None and not before:
             self.budget(nbytes, self.live_bytes)

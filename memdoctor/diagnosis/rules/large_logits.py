@@ -35,11 +35,16 @@ from __future__ import annotations
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import SPECIFIC_PART, Finding, Remedy, fits, plural
 from memdoctor.diagnosis.facts import LOGIT_ROWS, Facts
+from memdoctor.attribution import peak
+from memdoctor.remedies.framework_terms import framework_of
 from memdoctor.run import Phase
 
 NOB = Phase.FORWARD_NO_BACKWARD.value
 
 ID = "large-logits"
+_EVAL_BATCH = {"transformers": "transformers: TrainingArguments(per_device_eval_batch_size=a quarter of it)",
+               "lightning": "lightning: a quarter of the validation DataLoader's batch_size",
+               "accelerate": "accelerate: a quarter of the evaluation DataLoader's batch_size"}
 SHARE = 0.3
 CHUNKS = 8
 
@@ -72,10 +77,14 @@ def check(f: Facts) -> Finding | None:
                "(memdoctor.remedies.chunked_cross_entropy)", predicted, None),
     ]
     quarter = live - logit_bytes + logit_bytes // 4
+    if asked and not f.logits:
+        quarter += request // 4     # out asking for the logits themselves: the loss's log-softmax is still to come
     if f.oom_phase == NOB or (f.oom and f.oom_grad_enabled is False) \
             or (f.logits and all(b.phase == NOB for b in f.logits)):
         remedies.append(Remedy("smaller evaluation batch", "evaluate a quarter of the batch at a time (the "
-                               "evaluation loop's own batch size; training is untouched)", quarter, None))
+                               "evaluation loop's own batch size; training is untouched)",
+                               max(quarter, _training_peak(f)), None,
+                               _EVAL_BATCH.get(framework_of((f.run.meta.get("frameworks") or []) if f.run else []))))
         if f.oom and f.steps_from in ("forward", "none"):     # no backward, no optimizer step yet
             evidence.append("it ran out before any backward: these peaks are the evaluation's; "
                             "a training step at this batch was never measured")
@@ -85,3 +94,13 @@ def check(f: Facts) -> Finding | None:
     return Finding(ID, f"logits over a {f.vocab}-entry vocabulary take {format_bytes(logit_bytes)}",
                    logit_bytes, evidence, remedies, SPECIFIC_PART, fits(f, predicted),
                    {"vocab": f.vocab})
+
+
+def _training_peak(f: Facts) -> int:
+    """The run's peak before the passes since its last backward began (an evaluation after
+    training): a smaller evaluation batch leaves it as it is."""
+    calls = [c for c in (f.run.meta.get("forward_calls") or []) if isinstance(c, dict)] if f.run else []
+    last = max((i for i, c in enumerate(calls) if c.get("backward")), default=None)
+    if last is None or last + 1 >= len(calls) or type(calls[last + 1].get("seq_start")) is not int:
+        return 0
+    return peak(f.run, 0, calls[last + 1]["seq_start"])[1]

@@ -5,7 +5,9 @@ What it detects
     budget) has: no amount of freeing could satisfy it.
 Preconditions
     - an OOM whose request is known and larger than the limit (the budget, the allowed
-      memory, or the device's capacity).
+      memory, or the device's capacity);
+    - the request is not a whole number of rows over the vocabulary the model projects to
+      (logits for too many tokens at once: the large-logits rule's).
 Why it runs out of memory
     Usually a shape bug: a broadcast that was not meant (N x 1 against 1 x N), a
     flattened dimension in the wrong place, an attention matrix over an unpadded corpus.
@@ -15,14 +17,14 @@ Example
 Fix
     Find the op in the traceback and check its input shapes.
 Known limits
-    A request that is large on purpose (a whole-vocabulary projection of a very long
-    sequence) is named here too: the shapes are right, the batch is not.
+    Another request that is large on purpose (an attention matrix over a long sequence) is
+    named here too: the shapes are right, the batch is not.
 """
 from __future__ import annotations
 
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import FREE_FIX, Finding, Remedy
-from memdoctor.diagnosis.facts import Facts
+from memdoctor.diagnosis.facts import LOGIT_ROWS, Facts
 
 ID = "oversized-request"
 
@@ -31,6 +33,8 @@ def check(f: Facts) -> Finding | None:
     request, limit = f.requested_bytes, f.limit_bytes
     if not f.oom or not request or not limit or request <= limit:
         return None
+    if f.vocab and request % (2 * f.vocab) == 0 and request >= 2 * f.vocab * LOGIT_ROWS:
+        return None             # logits over the model's vocabulary: right shapes, too many rows (large-logits)
     evidence = [f"one request of {format_bytes(request)} is {request / limit:.1f}x the "
                 f"{format_bytes(limit)} the process may use"]
     if f.oom_phase:
