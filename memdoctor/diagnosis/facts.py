@@ -568,7 +568,7 @@ def _model_ran(f: Facts, run: Run) -> bool:
                and c["seq_start"] <= focus for c in run.meta.get("forward_calls", []))
 
 
-SOFTMAXED_VOCAB_MIN = 1024      # a narrower projection is a vocabulary where a loss's log-softmax is over it, or the OOM is in it
+SOFTMAXED_VOCAB_MIN = 1024      # a narrower head is a vocabulary where the loss or the OOM shows it is one
 LOGIT_ROWS = 256        # a shapeless block counts as logits from this many vocabulary rows
 
 
@@ -578,7 +578,7 @@ def _find_logits(f: Facts) -> None:
     consumed = {b.shape[1] for b in weights}      # a width some later layer reads is no vocabulary
     softmaxed = {b.shape[-1] for b in f.focus_blocks if b.shape and "log_softmax" in b.name}   # a loss over it
     softmaxed |= {b.shape[0] for b in weights if f.oom and b.name == f"{f.oom_module}.weight"}  # out in the head
-    request = f.requested_bytes or 0 if f.oom else 0        # or out making a second tensor over a live one's rows
+    request = (f.requested_bytes or 0) if f.oom else 0      # or out making a second tensor over a live one's rows
     softmaxed |= {b.shape[-1] for b in f.focus_blocks if b.category != W and b.shape and request
                   and request % (2 * b.shape[-1]) == 0 and request >= 2 * b.shape[-1] * LOGIT_ROWS}
     vocab_dims = {r for r in (b.shape[0] for b in weights) if r not in consumed

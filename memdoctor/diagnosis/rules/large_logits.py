@@ -6,9 +6,10 @@ What it detects
     the loss, and their gradient.
 Preconditions
     - the run is under pressure (an OOM, or a peak within 20% of the limit);
-    - a 2-D weight has at least 8192 rows (1024 where a live log-softmax, a cross-entropy's,
-      is over them) that no other layer reads as its input width (an output projection, not a
-      hidden layer);
+    - a 2-D weight has at least 8192 rows that no other layer reads as its input width (an
+      output projection, not a hidden layer); 1024 where the run shows them a vocabulary: a
+      live log-softmax (a cross-entropy's) is over them, the OOM came in that projection, or
+      it came asking for a second tensor over the rows of a live one;
     - live tensors whose last dimension is that row count (plus a failed request that a
       vocabulary row divides, of at least 256 rows: a forward under no_grad can run out
       asking for the logits themselves) take at least 30% of live memory.
