@@ -100,3 +100,15 @@ def test_lightnings_gradients_kept_through_the_next_forward_are_named_with_light
     big = _diagnose(script, "--budget", "120MiB", "--json", "--", "--batch", "32", cwd=tmp_path)
     assert big["findings"][0]["rule"] == "activations"
     assert any(line.startswith("largest savers: body.layers.") for line in big["findings"][0]["evidence"])
+
+
+def test_a_validation_step_keeping_its_logits_on_self_names_the_list(tmp_path):
+    """Lightning's docs keep step outputs in a list on the module (`self.val_logits`) for a
+    metric over the epoch: out of memory in validation, the leak names the line that appends."""
+    from pathlib import Path
+    script = Path(__file__).parent / "fixtures" / "scripts" / "lightning_lm.py"
+    out = _diagnose(script, "--budget", "100MiB", "--json", "--", "--validate", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "leak", [f["rule"] for f in out["findings"]]
+    assert first["source"]["text"].strip() == "self.val_logits.append(logits)"
+    assert first["accounts_for_bytes"] % (4 * 128 * 2048 * 4) == 0      # whole batches of logits

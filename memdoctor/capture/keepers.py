@@ -97,17 +97,20 @@ def user_frames(tb=None, frame=None) -> list:
 
 
 def _namespace(frame) -> list[tuple[str, Any]]:
-    """(name, value) of a frame's containers, of the containers on its `self`, and of those
-    on its other objects whose class the user wrote (a metrics tracker, a logger)."""
+    """(name, value) of a frame's containers, of the containers on its `self` (a module's
+    too: a LightningModule's `self.validation_step_outputs`), and of those on its other
+    objects whose class the user wrote (a metrics tracker, a logger)."""
     names = dict(frame.f_locals)
     out = [(k, v) for k, v in names.items() if isinstance(v, _CONTAINERS) and not k.startswith("__")]
     for name, owner in names.items():
-        if name.startswith("__") or isinstance(owner, (torch.nn.Module, torch.Tensor, type)) \
+        module = name == "self" and isinstance(owner, torch.nn.Module)    # a LightningModule's own lists
+        if name.startswith("__") or (isinstance(owner, (torch.nn.Module, torch.Tensor, type)) and not module) \
                 or (name != "self" and not _users_class(owner)):
             continue
         attrs = getattr(owner, "__dict__", None)
-        if isinstance(attrs, dict):
-            out += [(f"{name}.{k}", v) for k, v in attrs.items() if isinstance(v, _CONTAINERS)]
+        if isinstance(attrs, dict):         # a module's own bookkeeping (`_modules`, hooks) starts with "_"
+            out += [(f"{name}.{k}", v) for k, v in attrs.items()
+                    if isinstance(v, _CONTAINERS) and not (module and k.startswith("_"))]
     return out
 
 
