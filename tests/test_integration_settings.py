@@ -83,3 +83,13 @@ def test_micro_batches_need_the_batch_size():
 def test_lines_name_what_cannot_be_expressed():
     text = "\n".join(settings_for("bf16-true,ckpt=full", "accelerate").lines())
     assert "cannot express bf16-true" in text and "cannot express ckpt=full" in text
+
+
+def test_checkpointing_a_framework_cannot_express_says_what_to_call_instead():
+    """accelerate has no checkpointing setting: a transformers model's own switch comes first;
+    the Trainer's selective line names the field the installed TrainingArguments has."""
+    full = settings_for("ckpt=full", "accelerate").unsupported["ckpt=full"]
+    assert "model.gradient_checkpointing_enable(" in full and "apply_checkpointing(model, 'full')" in full
+    selective = settings_for("ckpt=selective", "transformers").unsupported["ckpt=selective"]
+    field = settings_for("ckpt=full", "transformers").values
+    assert selective.startswith(next(k for k in field if k.endswith("checkpointing")) + " checkpoints every layer")

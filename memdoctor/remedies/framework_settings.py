@@ -97,7 +97,7 @@ def _transformers(plan: Plan, out: Settings, acc: tuple[int, int] | None) -> Non
         v[name + "_kwargs"] = {"use_reentrant": False}
     elif plan.checkpointing is not None:
         out.unsupported[f"ckpt={plan.checkpointing}"] = (
-            "gradient_checkpointing checkpoints every layer, not a selection; instead: "
+            f"{_checkpointing_field()} checkpoints every layer, not a selection; instead: "
             + _CKPT_IN_CODE.format(mode=plan.checkpointing))
     if acc is not None:
         v["per_device_train_batch_size"], v["gradient_accumulation_steps"] = acc
@@ -184,8 +184,10 @@ def _accelerate(plan: Plan, out: Settings, acc: tuple[int, int] | None) -> None:
             "(model.to(torch.bfloat16)), without fp32 master copies")
     if plan.checkpointing is not None:
         out.unsupported[f"ckpt={plan.checkpointing}"] = (
-            "the config has no checkpointing field outside FSDP's fsdp_activation_checkpointing; "
-            "instead: " + _CKPT_IN_CODE.format(mode=plan.checkpointing))
+            "the config has no checkpointing field outside FSDP's fsdp_activation_checkpointing; instead: "
+            + ("model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False}) "
+               "on a transformers model, else " if plan.checkpointing == "full" else "")
+            + _CKPT_IN_CODE.format(mode=plan.checkpointing))
     if acc is not None:
         micro, steps = acc
         out.dataloader["batch_size"] = micro
