@@ -421,3 +421,37 @@ def test_a_gradient_asked_for_in_backward_is_not_counted_twice_in_zeros_predicti
     weights = 4 * (_linear(20, 4096) + _linear(4096, 4096) + _linear(4096, 1))
     zero2 = next(r for r in first["remedies"] if r["plan"] == "zero=2")
     assert weights + weights // 2 < zero2["predicted_peak_bytes"] < weights + weights // 2 + 4 * 2**20
+
+
+def test_a_recurrent_forwards_own_list_of_outputs_is_not_what_keeps_its_activations(tmp_path):
+    """time_sequence_prediction's forward gathers each time step's output in a local list and
+    joins it at the end: the cells' saved tensors are kept by the graph, not by that list. The
+    activations' line is the cell's call."""
+    script = tmp_path / "unrolled.py"
+    script.write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "class Sequence(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.cell = nn.LSTMCell(1, 256)\n"
+        "        self.linear = nn.Linear(256, 1)\n"
+        "    def forward(self, x):\n"
+        "        outputs = []\n"
+        "        h = c = torch.zeros(x.size(0), 256)\n"
+        "        for x_t in x.split(1, dim=1):\n"
+        "            h, c = self.cell(x_t, (h, c))\n"
+        "            outputs += [self.linear(h)]\n"
+        "        return torch.cat(outputs, dim=1)\n"
+        "model = Sequence()\n"
+        "optimizer = torch.optim.Adam(model.parameters())\n"
+        "for step in range(2):\n"
+        "    x = torch.randn(64, 200)\n"
+        "    loss = (model(x) - x).pow(2).mean()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n")
+    out = _memdoctor("diagnose", script, "--budget", "48MiB", "--json", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "activations", [f["rule"] for f in out["findings"]]
+    assert first["source"]["text"].strip() == "h, c = self.cell(x_t, (h, c))", first["source"]

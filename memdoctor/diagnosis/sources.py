@@ -44,7 +44,8 @@ def source_of(finding, facts, run: Run) -> dict | None:
             if made is not None and made != site:
                 out["made_at"] = _entry(made, "made the memory")
             return out
-    kept = _kept_by(run, blocks, share=0 if finding.rule == "leak" else KEPT_SHARE)
+    kept = _kept_by(run, blocks, share=0 if finding.rule == "leak" else KEPT_SHARE,
+                    in_forward=finding.rule != "activations")
     if kept is not None:
         source, holder = kept
         what = "gradients, zeroed in place and not freed" if holder == "gradients zeroed in place" \
@@ -121,16 +122,26 @@ def _call_site(run: Run, blocks: list[Block]) -> Source | None:
 KEPT_SHARE = 0.1        # a container holding less of a finding's bytes does not say what keeps them
 
 
-def _kept_by(run: Run, blocks: list[Block], share: float = KEPT_SHARE) -> tuple[Source, str] | None:
+def _in_a_forward(run: Run, source) -> bool:
+    line = run.source_at(source) if type(source) is int else None
+    return line is not None and line.function == "forward"
+
+
+def _kept_by(run: Run, blocks: list[Block], share: float = KEPT_SHARE,
+             in_forward: bool = True) -> tuple[Source, str] | None:
     """The line that keeps the most of these blocks' bytes alive (`share` of them at least:
     a leak's list may hold its tensors inside a dict, which the search for holders does not
-    open, so any of them will do there), and what holds them."""
+    open, so any of them will do there), and what holds them. `in_forward` off: a list local
+    to a module's forward (each step's outputs of a recurrent loop, joined at its end) is the
+    pass's own working list, not what keeps saved activations alive: their graph does."""
     kept = run.meta.get("kept_by") or []
     if not kept or not blocks:
         return None
     size = {b.id: b.nbytes for b in blocks}
     best, best_bytes = None, 0
     for entry in kept:
+        if not in_forward and "." not in str(entry.get("holder", "")) and _in_a_forward(run, entry.get("source")):
+            continue
         held = sum(size.get(i, 0) for i in entry.get("blocks", ()) if type(i) is int)
         if held > best_bytes and type(entry.get("source")) is int:
             best, best_bytes = entry, held
