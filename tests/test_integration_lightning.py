@@ -3,7 +3,10 @@ budget and writes the report, and a Plan turned into Trainer arguments lowers th
 peak to what memdoctor predicts for that plan."""
 import json
 import logging
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,11 +75,12 @@ def test_a_plan_as_trainer_arguments_lowers_the_peak_as_predicted():
     assert after == pytest.approx(tiny_gpt2.predicted_peak("micro=4"), rel=0.1)
 
 
-def _diagnose(script, *args, cwd):
-    import subprocess
-    import sys
-    proc = subprocess.run([sys.executable, "-m", "memdoctor", "diagnose", str(script), *args], capture_output=True,
-                          text=True, timeout=600, cwd=cwd)
+LIGHTNING_LM = Path(__file__).parent / "fixtures" / "scripts" / "lightning_lm.py"
+
+
+def _diagnose(*args, cwd):
+    proc = subprocess.run([sys.executable, "-m", "memdoctor", "diagnose", str(LIGHTNING_LM), *args],
+                          capture_output=True, text=True, timeout=600, cwd=cwd)
     assert proc.returncode in (0, 3), proc.stderr[-2000:]
     return json.loads(proc.stdout)
 
@@ -87,17 +91,15 @@ def test_lightnings_gradients_kept_through_the_next_forward_are_named_with_light
     and the fixed module (its own `optimizer_step` freeing them) fits at the predicted peak. The
     step's closure (forward, loss, backward) is the training step's, not the optimizer's; the
     modules `training_step` calls are named by their path in the LightningModule."""
-    from pathlib import Path
-    script = Path(__file__).parent / "fixtures" / "scripts" / "lightning_lm.py"
-    out = _diagnose(script, "--budget", "90MiB", "--json", cwd=tmp_path)
+    out = _diagnose("--budget", "90MiB", "--json", cwd=tmp_path)
     first = out["findings"][0]
     assert first["rule"] == "grads-during-forward", [f["rule"] for f in out["findings"]]
     remedy = first["remedies"][0]
     assert "def optimizer_step" in remedy["in_framework"] and "zero_grad(set_to_none=True)" in remedy["in_framework"]
-    fixed = _diagnose(script, "--budget", "90MiB", "--json", "--", "--fix", cwd=tmp_path)
+    fixed = _diagnose("--budget", "90MiB", "--json", "--", "--fix", cwd=tmp_path)
     assert not fixed["oom"]
     assert abs(remedy["predicted_peak_bytes"] - fixed["peak_bytes"]) <= 0.02 * fixed["peak_bytes"]
-    big = _diagnose(script, "--budget", "120MiB", "--json", "--", "--batch", "32", cwd=tmp_path)
+    big = _diagnose("--budget", "120MiB", "--json", "--", "--batch", "32", cwd=tmp_path)
     assert big["findings"][0]["rule"] == "activations"
     assert any(line.startswith("largest savers: body.layers.") for line in big["findings"][0]["evidence"])
 
@@ -105,9 +107,7 @@ def test_lightnings_gradients_kept_through_the_next_forward_are_named_with_light
 def test_a_validation_step_keeping_its_logits_on_self_names_the_list(tmp_path):
     """Lightning's docs keep step outputs in a list on the module (`self.val_logits`) for a
     metric over the epoch: out of memory in validation, the leak names the line that appends."""
-    from pathlib import Path
-    script = Path(__file__).parent / "fixtures" / "scripts" / "lightning_lm.py"
-    out = _diagnose(script, "--budget", "100MiB", "--json", "--", "--validate", cwd=tmp_path)
+    out = _diagnose("--budget", "100MiB", "--json", "--", "--validate", cwd=tmp_path)
     first = out["findings"][0]
     assert first["rule"] == "leak", [f["rule"] for f in out["findings"]]
     assert first["source"]["text"].strip() == "self.val_logits.append(logits)"
