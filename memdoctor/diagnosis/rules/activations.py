@@ -43,7 +43,8 @@ from __future__ import annotations
 
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import STRUCTURAL, Finding, Remedy, fits
-from memdoctor.diagnosis.facts import LOGIT_ROWS, Facts
+from memdoctor.diagnosis.facts import Facts
+from memdoctor.diagnosis.rules.large_logits import asks_for_logits
 
 ID = "activations"
 SHARE = 0.35
@@ -62,7 +63,7 @@ def check(f: Facts) -> Finding | None:
     if not f.under_pressure or f.source != "run":
         return None
     acts = f.step_activations
-    if f.oom and f.oom_phase == "forward" and f.oom_grad_enabled is not False and not _asks_for_logits(f):
+    if f.oom and f.oom_phase == "forward" and f.oom_grad_enabled is not False and not asks_for_logits(f):
         acts += f.requested_bytes or 0      # what a forward with grad mode on asks for is about to be saved
     live = f.focus_bytes
     if not live or acts + f.step_held_bytes < SHARE * live:
@@ -154,12 +155,6 @@ def check(f: Facts) -> Finding | None:
         title += f", about {format_bytes(acts)} with the blocks not yet run"
     return Finding(ID, title, acts, evidence,
                    remedies, STRUCTURAL, fits(f, best), {"by_module": dict(modules)})
-
-
-def _asks_for_logits(f: Facts) -> bool:
-    """The failed request is a vocabulary's logits (large-logits counts it, not this rule)."""
-    request, row = f.requested_bytes or 0, (f.vocab or 0) * 2
-    return bool(row and request and request % row == 0 and request >= row * LOGIT_ROWS)
 
 
 def _names(names: list[str], limit: int = 3) -> str:

@@ -55,8 +55,7 @@ def check(f: Facts) -> Finding | None:
         return None
     logit_bytes = sum(b.nbytes for b in f.logits)
     request = f.requested_bytes or 0
-    per_row = f.vocab * 2   # a vocabulary row in 16 bits divides any float logits tensor
-    asked = bool(f.oom and request and request % per_row == 0 and request >= per_row * LOGIT_ROWS)
+    asked = asks_for_logits(f)
     if asked:
         logit_bytes += request
     live = f.focus_bytes
@@ -105,3 +104,10 @@ def _training_peak(f: Facts) -> int:
     if last is None or last + 1 >= len(calls) or type(calls[last + 1].get("seq_start")) is not int:
         return 0
     return peak(f.run, 0, calls[last + 1]["seq_start"])[1]
+
+
+def asks_for_logits(f: Facts) -> bool:
+    """The failed request is logits over the vocabulary: a whole number of rows of it (a row
+    in 16 bits divides any float logits tensor), at least LOGIT_ROWS of them."""
+    request, row = f.requested_bytes or 0, (f.vocab or 0) * 2
+    return bool(f.oom and row and request and request % row == 0 and request >= row * LOGIT_ROWS)

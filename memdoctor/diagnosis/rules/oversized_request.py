@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import FREE_FIX, Finding, Remedy
-from memdoctor.diagnosis.facts import LOGIT_ROWS, Facts
+from memdoctor.diagnosis.facts import Facts
+from memdoctor.diagnosis.rules.large_logits import asks_for_logits
 
 ID = "oversized-request"
 
@@ -33,7 +34,7 @@ def check(f: Facts) -> Finding | None:
     request, limit = f.requested_bytes, f.limit_bytes
     if not f.oom or not request or not limit or request <= limit:
         return None
-    if f.vocab and request % (2 * f.vocab) == 0 and request >= 2 * f.vocab * LOGIT_ROWS:
+    if asks_for_logits(f):
         return None             # logits over the model's vocabulary: right shapes, too many rows (large-logits)
     evidence = [f"one request of {format_bytes(request)} is {request / limit:.1f}x the "
                 f"{format_bytes(limit)} the process may use"]
