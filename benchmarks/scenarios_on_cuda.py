@@ -1,7 +1,10 @@
 """Our own OOM scenarios on a GPU, at the pressure their CPU budgets set.
 
 usage (on a GPU machine, from the repository root):
-    python benchmarks/scenarios_on_cuda.py [OUT.json] [--jobs N]
+    python benchmarks/scenarios_on_cuda.py [OUT.json] [--jobs N] [--only SCRIPT,...] [--runs DIR]
+
+--only runs the named scripts' cases alone; --runs saves each case's diagnosed run in DIR
+(SCRIPT[-ARGS].memrun.json.gz), to be read again anywhere with `memdoctor diagnose --run`.
 
 Each scenario of tests/scenarios with a known cause (expected.json, and the loops that
 tests/test_loops_elsewhere.py checks) runs with torch's default device set to cuda. Its
@@ -80,7 +83,7 @@ def memdoctor(args: list[str], cpu: bool = False) -> dict | None:
         return {"error": (proc.stderr or proc.stdout)[-400:], "rc": proc.returncode}
 
 
-def run_case(case: tuple, wrapper: str) -> dict:
+def run_case(case: tuple, wrapper: str, runs: Path | None = None) -> dict:
     script, args, cpu_budget, cause = case
     path = str(SCENARIOS / script)
     cpu = memdoctor(["trace", path, "--json", "--", *args], cpu=True)
@@ -92,7 +95,11 @@ def run_case(case: tuple, wrapper: str) -> dict:
     row["cpu_peak"], row["cuda_peak"] = cpu["peak_bytes"], cuda["peak_bytes"]
     budget = row["cpu_budget"] + cuda["peak_bytes"] - cpu["peak_bytes"]
     row["cuda_budget"] = budget
-    out = memdoctor(["diagnose", wrapper, "--budget", str(budget), "--json", "--", path, *args])
+    if budget <= 0:         # a script that names its device ("cpu") keeps its tensors off the GPU
+        row["error"] = f"the script puts {cuda['peak_bytes']} bytes on the GPU: it names its own device"
+        return row
+    save = ["-o", str(runs / f"{'-'.join([Path(script).stem, *args])}.memrun.json.gz")] if runs else []
+    out = memdoctor(["diagnose", wrapper, "--budget", str(budget), *save, "--json", "--", path, *args])
     if not out or "error" in out:
         row["error"] = (out or {}).get("error")
         return row
@@ -115,13 +122,23 @@ def main() -> int:
         at = argv.index("--jobs")
         jobs = int(argv[at + 1])
         del argv[at:at + 2]
+    only, runs = None, None
+    if "--only" in argv:
+        at = argv.index("--only")
+        only = set(argv[at + 1].split(","))
+        del argv[at:at + 2]
+    if "--runs" in argv:
+        at = argv.index("--runs")
+        runs = Path(argv[at + 1]).resolve()
+        runs.mkdir(parents=True, exist_ok=True)
+        del argv[at:at + 2]
     out_path = Path(argv[0]) if argv else None
-    cases = all_cases()
+    cases = [c for c in all_cases() if only is None or c[0] in only]
     wrapper = os.path.join(tempfile.mkdtemp(), "on_cuda.py")
     Path(wrapper).write_text(ON_CUDA)
     def safe(case):
         try:
-            row = run_case(case, wrapper)
+            row = run_case(case, wrapper, runs)
         except Exception as exc:        # one case's failure must not lose the others
             row = {"script": case[0], "args": case[1], "cause": case[3], "error": repr(exc)}
         if out_path:

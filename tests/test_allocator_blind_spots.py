@@ -137,6 +137,9 @@ BLIND_CASES = [
     # it, an op name the allocator does not record: without it, the blocks' activations come first
     ("head_outside_blocks.py", [], "180MiB", "large-logits", "activations"),
     ("validation_sums_loss_tensors.py", [], "150MiB", "eval-without-no-grad"),
+    # dropping retain_graph fits only if the backward frees what it used as it goes: which
+    # saved tensors it has used by its peak is read from sizes where no shapes are known
+    ("retain_graph_stray.py", [], "56MiB", "retained-graph"),
 ]
 
 

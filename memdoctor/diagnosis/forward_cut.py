@@ -178,14 +178,16 @@ def freed_by_backward(seq: int, alive: list) -> set[int]:
     `retain_graph`) would have freed by event `seq` of a backward that kept everything:
     backward runs the ops in reverse, so where it is making the gradient of a tensor of some
     shape, the tensors the forward saved after the last one of that shape were used already.
-    A guess from shapes (gradients have their tensor's shape); where no gradient made by then
-    is seen, none."""
+    A guess from shapes (gradients have their tensor's shape), from sizes where the allocator
+    source knows no shapes; where no gradient made by then is seen, none."""
     grads = [g for g in alive if g.phase == Phase.BACKWARD.value and g.alloc_seq <= seq]
     if not grads:
         return set()
     latest = max(grads, key=lambda g: g.alloc_seq)
-    made = [a.alloc_seq for a in alive if a.step == latest.step and a.phase == Phase.FORWARD.value
-            and a.shape == latest.shape]
+
+    def like(a) -> bool:
+        return a.shape == latest.shape if a.shape and latest.shape else a.nbytes == latest.nbytes
+    made = [a.alloc_seq for a in alive if a.step == latest.step and a.phase == Phase.FORWARD.value and like(a)]
     if not made:
         return set()
     return {b.id for b in alive if b.category == ACT and b.phase == Phase.FORWARD.value and b.step == latest.step
