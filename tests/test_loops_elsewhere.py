@@ -66,6 +66,18 @@ def test_checkpointing_is_predicted_with_the_head_it_leaves(budget, tmp_path):
     assert real <= predicted <= 1.12 * real, (predicted, real)
 
 
+def test_micro_batches_offered_for_the_logits_and_the_activations_are_one_prediction(tmp_path):
+    """Both findings offer micro-batches: one change to the run, one prediction, that of the
+    activations (the logits among them), at least what a quarter of the batch measures."""
+    script = SCENARIOS / "head_outside_blocks.py"
+    out = _memdoctor("diagnose", script, "--budget", "180MiB", "--json", cwd=tmp_path)
+    micro = {f["rule"]: r["predicted_peak_bytes"] for f in out["findings"] for r in f["remedies"]
+             if r["plan"] == "micro=auto"}
+    assert set(micro) == {"large-logits", "activations"} and len(set(micro.values())) == 1, micro
+    quarter = _memdoctor("trace", script, "--json", "--", "1", cwd=tmp_path)["peak_bytes"]
+    assert quarter <= micro["activations"] <= 1.2 * quarter, (micro, quarter)
+
+
 def test_a_flat_stack_of_single_layers_lists_the_fixes_that_fit_first(tmp_path):
     """Checkpointing a flat nn.Sequential keeps each segment's input: little is saved, and the
     run still runs out; micro-batches fit."""

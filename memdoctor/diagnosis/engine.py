@@ -34,6 +34,8 @@ def diagnose(facts: Facts, select: list[str] | None = None) -> list[Finding]:
         _add_forward_rest(finding, facts)
         _keep_the_batch_whole(finding, facts)
         _fitting_first(finding, facts)
+    _one_prediction_per_plan(findings, facts)
+    for finding in findings:
         if finding.tier == FREE_FIX and finding.fits_after_fix is False:
             finding.tier = PARTIAL      # what the fixed run makes later still leaves it out of memory
     attach_sources(findings, facts)
@@ -127,6 +129,31 @@ def _fitting_first(finding: Finding, facts: Facts) -> None:
     (checkpointing a flat stack of single layers keeps each layer's input: micro-batches
     then fit where it does not)."""
     finding.remedies.sort(key=lambda r: fits(facts, r.predicted_peak_bytes) is False)
+
+
+def _one_prediction_per_plan(findings: list[Finding], facts: Facts) -> None:
+    """One plan offered by several findings (micro-batches for the logits and for all the
+    step's activations) is one change to the run, so one prediction: that of the finding
+    that accounts for the most bytes, which counts the most of what the plan changes (the
+    activations rule counts the logits among the activations; the logits rule keeps the
+    other activations as they are)."""
+    widest: dict[str, Finding] = {}
+    for finding in findings:
+        for r in finding.remedies:
+            if r.plan and r.predicted_peak_bytes is not None and (
+                    r.plan not in widest or finding.accounts_for_bytes > widest[r.plan].accounts_for_bytes):
+                widest[r.plan] = finding
+    predicted_by = {plan: next(r.predicted_peak_bytes for r in f.remedies if r.plan == plan)
+                    for plan, f in widest.items()}
+    for finding in findings:
+        changed = False
+        for r in finding.remedies:
+            if r.plan in predicted_by and r.predicted_peak_bytes not in (None, predicted_by[r.plan]):
+                r.predicted_peak_bytes, changed = predicted_by[r.plan], True
+        if changed:
+            finding.fits_after_fix = fits(facts, min(r.predicted_peak_bytes for r in finding.remedies
+                                                     if r.predicted_peak_bytes is not None))
+            _fitting_first(finding, facts)
 
 
 def rank(findings: list[Finding]) -> list[Finding]:

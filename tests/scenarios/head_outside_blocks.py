@@ -1,6 +1,9 @@
 """A small decoder LM whose head and loss hold more than its blocks: an 8000-word vocabulary
 over 4 x 256 tokens, the loss computed inside the model's forward and the logits returned
-with it (as transformers' models do). Checkpointing the blocks leaves the head's tensors."""
+with it (as transformers' models do). Checkpointing the blocks leaves the head's tensors.
+An argument sets the batch (4 sequences)."""
+import sys
+
 import torch
 from torch import nn
 
@@ -36,10 +39,11 @@ class LM(nn.Module):
         return nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1)), logits
 
 
+batch = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 model = LM()
 optimizer = torch.optim.AdamW(model.parameters())
 for step in range(3):
-    ids = torch.randint(0, 8000, (4, 256))
+    ids = torch.randint(0, 8000, (batch, 256))
     loss, logits = model(ids, ids)
     loss.backward()
     optimizer.step()
