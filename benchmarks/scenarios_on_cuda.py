@@ -47,6 +47,7 @@ LOOPS = [
     ("frozen_network_requires_grad.py", ["loss-net"], "40MiB", "grads-never-stepped"),
     ("frozen_network_requires_grad.py", ["teacher"], "24MiB", "grads-never-stepped"),
     ("swa_predict_without_no_grad.py", [], "140MiB", "eval-without-no-grad"),
+    ("prediction_pass_in_training_mode.py", [], "200MiB", "eval-without-no-grad"),
 ]
 
 ON_CUDA = """import runpy, sys, torch

@@ -467,3 +467,18 @@ def test_a_recurrent_forwards_own_list_of_outputs_is_not_what_keeps_its_activati
     first = out["findings"][0]
     assert first["rule"] == "activations", [f["rule"] for f in out["findings"]]
     assert first["source"]["text"].strip() == "h, c = self.cell(x_t, (h, c))", first["source"]
+
+
+def test_a_prediction_pass_left_in_training_mode_with_grad_on_is_evaluation_without_no_grad(tmp_path):
+    """time_sequence_prediction's prediction after each training step, from its own line, left
+    without no_grad and in training mode: the pass the OOM cuts short is no training pass (its
+    line was never back-propagated; the model was trained from another), and the fix's peak
+    is the training's, with the optimizer state made after the first step's peak."""
+    script = SCENARIOS / "prediction_pass_in_training_mode.py"
+    out = _memdoctor("diagnose", script, "--budget", "200MiB", "--json", cwd=tmp_path)
+    first = out["findings"][0]
+    assert first["rule"] == "eval-without-no-grad", [f["rule"] for f in out["findings"]]
+    predicted = first["remedies"][0]["predicted_peak_bytes"]
+    fixed = _memdoctor("trace", script, "--json", "--", "fixed", cwd=tmp_path)["peak_bytes"]
+    # the fixed run also keeps each prediction's 70 KB output into the next training step
+    assert 0.995 * fixed <= predicted <= 1.05 * fixed, (predicted, fixed)

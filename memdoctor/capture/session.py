@@ -240,6 +240,18 @@ def _site(call: dict) -> tuple | None:
     return tuple(call["site"]) if call.get("site") else None
 
 
+def _predicting(c: dict, calls: list, i: int, first_awaiting: int, propagated_sites: set,
+                last_of_model: dict, since_update: int) -> bool:
+    """The pass the OOM cut short predicts, though its model is in training mode with grad on:
+    its model was trained (back-propagated, then an optimizer step) from another line, no line
+    of this one was ever back-propagated, and no training pass before it awaits a backward (a
+    loss's other half). A prediction loop after each training step left without no_grad."""
+    trained = last_of_model.get(_model_of(c))
+    return (c["training"] and c.get("site") is not None and _site(c) not in propagated_sites
+            and trained is not None and calls[trained]["seq_start"] < since_update <= c["seq_start"]
+            and first_awaiting >= i)
+
+
 def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     """Forward passes that built a graph nobody back-propagated keep their saved tensors for
     nothing. A pass needs grad mode on and an output carrying a graph (under no_grad, or a
@@ -276,6 +288,8 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
             continue
         cut_short = i == len(calls) - 1 and ended_in_oom
         untrained = c.get("model") in unstepped and not c.get("input_grad")     # an AveragedModel's prediction
+        untrained = untrained or cut_short and _predicting(c, calls, i, first_awaiting, propagated_sites,
+                                                           last_of_model, since_update)
         if ended_in_oom and i > last_backward and c["training"] and not untrained:
             continue            # a training forward the OOM came before its backward
         if ended_in_oom and c["training"] and not untrained and i > last_of_model.get(_model_of(c), -1):

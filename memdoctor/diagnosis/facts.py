@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from memdoctor.attribution import Breakdown, breakdown_at, peak, per_step
+from memdoctor.attribution import Breakdown, breakdown_at, live_blocks, peak, per_step
 from memdoctor.cuda.blas_workspaces import WORKSPACE_NAME
 from memdoctor.diagnosis.forward_cut import forward_rest, rest_of_step, step_held
 from memdoctor.diagnosis.in_batch import pair_bytes_at_once, pair_matrices
@@ -197,13 +197,18 @@ def _grad_mode_at(run: Run, seq: int) -> bool | None:
     return bool(call.get("grad_enabled", True)) if call else None
 
 
-def _peak_before_no_backward(run: Run) -> int:
+def _peak_before_no_backward(run: Run, state_now: int) -> int:
     """The run's peak before its first model pass never back-propagated: what training alone
-    reached, which no fix to the evaluation lowers."""
+    reached, which no fix to the evaluation lowers; with the optimizer state made since (a
+    first step peaks before its optimizer makes any: the steps after carry it)."""
     starts = [c["seq_start"] for c in run.meta.get("forward_calls", [])
               if isinstance(c, dict) and c.get("phase") == Phase.FORWARD_NO_BACKWARD.value
               and c.get("params", True) and type(c.get("seq_start")) is int]
-    return peak(run, 0, min(starts))[1] if starts else 0
+    if not starts:
+        return 0
+    seq, top = peak(run, 0, min(starts))
+    state_then = sum(b.nbytes for b in live_blocks(run, seq) if b.category == S)
+    return top + max(state_now - state_then, 0)
 
 
 def _pending_passes(run: Run, cut: tuple[int, int] | None) -> tuple[int, int | None, bool]:
@@ -277,7 +282,7 @@ def facts_from_run(run: Run) -> Facts:
                                          if b.phase == nob and b.category == ACT)
     f.no_backward_calls = sum(1 for c in run.meta.get("forward_calls", [])
                               if c.get("phase") == nob and c.get("params", True))
-    f.peak_before_no_backward = _peak_before_no_backward(run)
+    f.peak_before_no_backward = _peak_before_no_backward(run, f.cat(S))
     optimizers = run.meta.get("optimizers") or []
     if optimizers:
         f.optimizer = _all_optimizers(optimizers)
