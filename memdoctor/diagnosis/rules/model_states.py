@@ -7,7 +7,7 @@ Preconditions
     - the run is under pressure (an OOM, or a peak within 20% of the limit);
     - weights + gradients + optimizer state, as they are once every parameter has its
       gradient and its state, take at least half the limit (less cuBLAS's workspaces, which
-      no tensor can use);
+      no tensor can use, those of autograd's thread too where no backward has run yet);
     - or the OOM came while a model was built on the device or moved (converted) there: an
       `nn.Module.__init__` or `Module._apply` (`.to()`, `.cuda()`, `.double()`) on the
       stack. Its full size is then unknown: the finding gives what was made and asked for.
@@ -92,8 +92,8 @@ def check(f: Facts) -> Finding | None:
     buckets = f.ddp_bucket_bytes         # DDP's copy of the gradients, alive the whole run
     states = f.model_state_bytes + buckets
     # what the run's tensors can have: cuBLAS's workspaces (64 MiB on a Hopper GPU) take
-    # their share of the limit whatever the model
-    workspaces = sum(b.nbytes for b in f.focus_blocks if b.name == WORKSPACE_NAME)
+    # their share of the limit whatever the model, the backward thread's too before it runs
+    workspaces = sum(b.nbytes for b in f.focus_blocks if b.name == WORKSPACE_NAME) + f.pending_workspace_bytes
     if states < SHARE * (f.limit_bytes - workspaces):
         return None
     weights, params = f.cat("weights"), f.param_bytes
