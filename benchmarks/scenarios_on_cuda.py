@@ -154,6 +154,9 @@ def run_case(case: tuple, wrapper: str, runs: Path | None = None) -> dict:
 
 def main() -> int:
     argv = sys.argv[1:]
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0
     jobs = 6
     if "--jobs" in argv:
         at = argv.index("--jobs")
