@@ -8,14 +8,15 @@ usage (on a GPU machine, from the repository root):
 
 Each scenario of tests/scenarios with a known cause (expected.json, and the loops that
 tests/test_loops_elsewhere.py checks) runs with torch's default device set to cuda. Its
-CUDA budget is its CPU budget plus what the GPU adds to the CPU's live bytes where the CPU
-run first crosses that budget (the same script traced on both, no budget; peaks compared
-per step and phase: cuBLAS's and cuDNN's workspaces, the allocator's rounding, which do not
-grow with the cause but differ by phase), raised above what the GPU reaches in the steps
-and phases before, so it runs out where it does on the CPU; then `memdoctor diagnose` runs
-it there under that budget. Printed per case: the two
-peaks, the budget, where it ran out, the first finding (expected first) and its first
-remedy's predicted peak; each case is also appended to OUT.jsonl as it ends.
+CUDA budget is its CPU budget plus what the GPU's traced peak adds to the CPU's (the same
+script traced on both, no budget: cuBLAS's and cuDNN's workspaces, the allocator's
+rounding, which do not grow with the cause), so it runs out about where it does on the
+CPU; then `memdoctor diagnose` runs it there under that budget. What the GPU adds differs by
+phase (a conv's backward takes cuDNN's workspace, autograd's thread its own cuBLAS one), so
+a case can run out a step earlier than on the CPU, before its cause has grown (the row
+gives the step). Printed per case: the two peaks, the budget, where it ran out, the first
+finding (expected first) and its first remedy's predicted peak; each case is also appended
+to OUT.jsonl as it ends.
 """
 from __future__ import annotations
 
@@ -86,51 +87,17 @@ def memdoctor(args: list[str], cpu: bool = False) -> dict | None:
         return {"error": (proc.stderr or proc.stdout)[-400:], "rc": proc.returncode}
 
 
-def peaks_by_point(run) -> dict[tuple[int, str], int]:
-    """The highest live bytes in each (step, phase) of a run, in the order they first came."""
-    from memdoctor.attribution import live_curve
-    curve, marks, points = live_curve(run), run.marks, {}
-    for i, m in enumerate(marks):
-        end = marks[i + 1].seq if i + 1 < len(marks) else len(curve)
-        if end > m.seq:
-            key = (m.step, m.phase)
-            points[key] = max(points.get(key, 0), max(curve[m.seq:end]))
-    return points
-
-
-def budget_at_the_same_point(traces: Path, cpu_budget: int, fallback: int) -> tuple[int, list]:
-    """The CUDA budget under which the script runs out in the step and phase where the CPU
-    run first crosses its budget: the CPU budget plus the GPU's extra bytes there, at least
-    1 MiB above what the GPU reaches before that point."""
-    from memdoctor.run import Run
-    cpu = peaks_by_point(Run.load(traces / "cpu.memrun.json.gz"))
-    cuda = peaks_by_point(Run.load(traces / "cuda.memrun.json.gz"))
-    crossed = next((k for k, v in cpu.items() if v > cpu_budget), None)
-    if crossed is None or crossed not in cuda:
-        return fallback, list(crossed or [])
-    budget = cpu_budget + cuda[crossed] - cpu[crossed]
-    before = [v for k, v in cuda.items() if k != crossed and list(cuda).index(k) < list(cuda).index(crossed)]
-    if before and max(before) >= budget:
-        budget = min(max(before) + (1 << 20), cuda[crossed] - 1)
-    return budget, list(crossed)
-
-
 def run_case(case: tuple, wrapper: str, runs: Path | None = None) -> dict:
     script, args, cpu_budget, cause = case
     path = str(SCENARIOS / script)
-    traces = Path(tempfile.mkdtemp())
-    cpu = memdoctor(["trace", path, "-o", str(traces / "cpu.memrun.json.gz"), "--json", "--", *args], cpu=True)
-    cuda = memdoctor(["trace", wrapper, "-o", str(traces / "cuda.memrun.json.gz"), "--json", "--", path, *args])
+    cpu = memdoctor(["trace", path, "--json", "--", *args], cpu=True)
+    cuda = memdoctor(["trace", wrapper, "--json", "--", path, *args])
     row = {"script": script, "args": args, "cause": cause, "cpu_budget": parse_bytes(cpu_budget)}
     if not cpu or not cuda or "error" in cpu or "error" in cuda or not cpu.get("peak_bytes"):
         row["error"] = (cpu or {}).get("error") or (cuda or {}).get("error") or "no CPU peak"
         return row
     row["cpu_peak"], row["cuda_peak"] = cpu["peak_bytes"], cuda["peak_bytes"]
     budget = row["cpu_budget"] + cuda["peak_bytes"] - cpu["peak_bytes"]
-    try:
-        budget, row["cpu_oom_at"] = budget_at_the_same_point(traces, row["cpu_budget"], budget)
-    except Exception as exc:        # runs that cannot be compared keep the peaks' difference
-        row["budget_note"] = repr(exc)
     row["cuda_budget"] = budget
     if budget <= 0:         # a script that names its device ("cpu") keeps its tensors off the GPU
         row["error"] = f"the script puts {cuda['peak_bytes']} bytes on the GPU: it names its own device"
@@ -194,8 +161,7 @@ def main() -> int:
             continue
         mark = "ok " if r["right"] else "BAD"
         print(f"{mark} {name:48s} cpu {r['cpu_peak'] / 2**20:7.1f} MiB  cuda {r['cuda_peak'] / 2**20:7.1f} MiB  "
-              f"budget {r['cuda_budget'] / 2**20:7.1f} MiB  cpu out at {r.get('cpu_oom_at')}  "
-              f"oom {r['oom']} {r['oom_phase']} {r['oom_step']}  "
+              f"budget {r['cuda_budget'] / 2**20:7.1f} MiB  oom {r['oom']} {r['oom_phase']} {r['oom_step']}  "
               f"first {r['first']} (expected {r['cause']})")
         for f in r["findings"]:
             print(f"      {f['rule']} {f['bytes'] / 2**20:.1f} MiB {f['remedy']}")

@@ -179,7 +179,7 @@ def _all_optimizers(optimizers: list[dict]) -> dict:
     return merged
 
 
-def _running_call(run: Run, seq: int) -> dict | None:
+def running_call(run: Run, seq: int) -> dict | None:
     """The outermost forward call in progress at event `seq`, if any."""
     if not run.marks:
         return None
@@ -193,7 +193,7 @@ def _running_call(run: Run, seq: int) -> dict | None:
 def _grad_mode_at(run: Run, seq: int) -> bool | None:
     """Whether the outermost forward call in progress at event `seq` ran with grad mode on
     (None: no forward call was): under no_grad nothing it makes is saved for backward."""
-    call = _running_call(run, seq)
+    call = running_call(run, seq)
     return bool(call.get("grad_enabled", True)) if call else None
 
 
@@ -303,7 +303,7 @@ def facts_from_run(run: Run) -> Facts:
     if f.in_batch_pairs:
         f.in_batch_pair_bytes = pair_bytes_at_once(run, f.in_batch_pairs, current_step)
     if f.oom:
-        call = _running_call(run, run.ooms[0].seq)
+        call = running_call(run, run.ooms[0].seq)
         f.oom_in_training_forward = bool(f.oom_phase == Phase.FORWARD.value and call and call.get("training")
                                          and call.get("grad_enabled"))
         f.forward_rest_bytes, f.forward_rest_note = forward_rest(f, run)
@@ -583,16 +583,26 @@ def _find_logits(f: Facts) -> None:
     consumed = {b.shape[1] for b in weights}      # a width some later layer reads is no vocabulary
     softmaxed = {b.shape[-1] for b in f.focus_blocks if b.shape and "log_softmax" in b.name}   # a loss over it
     softmaxed |= {b.shape[0] for b in weights if f.oom and b.name == f"{f.oom_module}.weight"}  # out in the head
-    request = (f.requested_bytes or 0) if f.oom else 0      # or out making a second tensor over a live one's rows
-    softmaxed |= {b.shape[-1] for b in f.focus_blocks if b.category != W and b.shape and request
-                  and request % (2 * b.shape[-1]) == 0 and request >= 2 * b.shape[-1] * LOGIT_ROWS}
+    request = (f.requested_bytes or 0) if f.oom else 0      # or out making a second tensor of a live one's
+    softmaxed |= {b.shape[-1] for b in f.focus_blocks if b.category != W and len(b.shape) >= 2 and request
+                  and _numel(b) >= b.shape[-1] * LOGIT_ROWS and request in (2 * _numel(b), 4 * _numel(b))}
     vocab_dims = {r for r in (b.shape[0] for b in weights) if r not in consumed
                   and (r >= VOCAB_MIN or r >= SOFTMAXED_VOCAB_MIN and r in softmaxed)}
     if not vocab_dims:
         return
     f.vocab = max(vocab_dims)
+    # the head's weight cast to 16 bits by autocast: a shapeless block of half its size, no logits
+    casts = {2 * _numel(b) for b in weights if b.shape[0] in vocab_dims and b.dtype == "float32"}
     f.logits = [b for b in f.focus_blocks if b.category not in (W, G, S) and b.name != WORKSPACE_NAME
-                and (len(b.shape) >= 2 and b.shape[-1] in vocab_dims or _vocabulary_sized(b, vocab_dims))]
+                and (len(b.shape) >= 2 and b.shape[-1] in vocab_dims
+                     or _vocabulary_sized(b, vocab_dims) and b.nbytes not in casts)]
+
+
+def _numel(b: Block) -> int:
+    n = 1
+    for d in b.shape:
+        n *= d
+    return n
 
 
 def _vocabulary_sized(b: Block, vocab_dims: set[int]) -> bool:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import SPECIFIC_PART, Finding, Remedy, fits, plural
-from memdoctor.diagnosis.facts import LOGIT_ROWS, Facts
+from memdoctor.diagnosis.facts import LOGIT_ROWS, Facts, running_call
 from memdoctor.attribution import peak
 from memdoctor.remedies.framework_terms import framework_of
 from memdoctor.run import Phase
@@ -81,10 +81,13 @@ def check(f: Facts) -> Finding | None:
         quarter += request // 4     # out asking for the logits themselves: the loss's log-softmax is still to come
     if f.oom_phase == NOB or (f.oom and f.oom_grad_enabled is False) \
             or (f.logits and all(b.phase == NOB for b in f.logits)):
+        framework = framework_of((f.run.meta.get("frameworks") or []) if f.run else [])
+        # a loop of the script's own binds each pass's output; a framework's evaluation step
+        # (the Trainer's prediction_step, Lightning's validation_step) drops it as it returns
+        kept = _kept_into_the_next_pass(f) if framework is None else 0
         remedies.append(Remedy("smaller evaluation batch", "evaluate a quarter of the batch at a time (the "
                                "evaluation loop's own batch size; training is untouched)",
-                               max(quarter, _training_peak(f)), None,
-                               _EVAL_BATCH.get(framework_of((f.run.meta.get("frameworks") or []) if f.run else []))))
+                               max(quarter + kept // 4, _training_peak(f)), None, _EVAL_BATCH.get(framework)))
         if f.oom and f.steps_from in ("forward", "none"):     # no backward, no optimizer step yet
             evidence.append("it ran out before any backward: these peaks are the evaluation's; "
                             "a training step at this batch was never measured")
@@ -94,6 +97,20 @@ def check(f: Facts) -> Finding | None:
     return Finding(ID, f"logits over a {f.vocab}-entry vocabulary take {format_bytes(logit_bytes)}",
                    logit_bytes, evidence, remedies, SPECIFIC_PART, fits(f, predicted),
                    {"vocab": f.vocab})
+
+
+def _kept_into_the_next_pass(f: Facts) -> int:
+    """An evaluation loop binds each pass's output (`logits, loss = model(x, y)`), which stays
+    alive through the next pass: where the OOM came in a pass that no earlier pass's logits
+    outlive, the head's output (the pass's first logits) is to be kept once more."""
+    call = running_call(f.run, f.run.ooms[0].seq) if f.oom and f.run and f.run.ooms else None
+    start = call.get("seq_start") if call else None
+    if type(start) is not int:
+        return 0
+    made = sorted((b for b in f.logits if b.alloc_seq >= start), key=lambda b: b.alloc_seq)
+    if not made or any(b.alloc_seq < start and b.nbytes * 2 >= made[0].nbytes for b in f.logits):
+        return 0
+    return made[0].nbytes
 
 
 def _training_peak(f: Facts) -> int:
