@@ -33,3 +33,16 @@ def test_a_quarter_of_the_evaluation_batch_is_predicted_with_the_output_the_loop
     measured = Run.load(AT_16)
     peak = facts_from_run(measured).peak_bytes
     assert measured.ooms == [] and peak <= quarter <= run.budget_bytes, (peak, quarter)
+
+
+def test_a_loss_cut_short_between_forward_and_backward_holds_what_the_backward_awaits():
+    """Our two-tower contrastive scenario on the H200 ran out making its loss (the similarity
+    matrices' softmaxes, outside both towers), before the backward: what is alive of the loss
+    is saved for that backward, as the allocator source labels it when the trace stops."""
+    from memdoctor.capture.allocator import _freed_by_backward_are_activations
+    run = Run.load(RESULTS / "two_towers_contrastive_out_in_its_loss_allocator_run_h200_2026-12-05.memrun.json.gz")
+    assert run.ooms[0].phase == "other" and run.ooms[0].step == 1
+    _freed_by_backward_are_activations(run)
+    f = facts_from_run(run)
+    assert f.focus.by_category["temporaries"] == 0
+    assert diagnose(f)[0].rule == "activations"

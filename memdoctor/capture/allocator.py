@@ -441,7 +441,7 @@ def _passes_without_grad(run: Run):
 def _freed_by_backward_are_activations(run: Run) -> None:
     """Blocks made outside any pass after a step's forward began (its loss, computed outside
     the model) and freed inside that step's backward, or alive where an OOM ended the run in
-    it: saved for it."""
+    it, or between that forward and its backward (the loss cut short): saved for it."""
     marks, temps = run.marks, Category.TEMPORARIES.value
     other, fwd, bwd = Phase.OTHER.value, Phase.FORWARD.value, Phase.BACKWARD.value
     seqs = [m.seq for m in marks]
@@ -454,6 +454,11 @@ def _freed_by_backward_are_activations(run: Run) -> None:
         if m.phase == fwd:
             forward_began.setdefault(m.step, m.seq)
     ended_in = backward_of(run.ooms[0].seq) if run.ooms else None
+    if run.ooms and ended_in is None:
+        at = bisect.bisect_right(seqs, run.ooms[0].seq) - 1
+        step = marks[at].step if at >= 0 and marks[at].phase == other else None
+        if step in forward_began and not any(m.phase == bwd and m.step == step for m in marks):
+            ended_in = step         # out making the loss: what is alive of it awaits the backward
     for b in run.blocks.values():
         if b.phase != other or b.category != temps:
             continue
