@@ -14,6 +14,7 @@ from memdoctor.attribution import Breakdown, breakdown_at, live_blocks, peak, pe
 from memdoctor.cuda.blas_workspaces import WORKSPACE_NAME
 from memdoctor.diagnosis.forward_cut import forward_rest, rest_of_step, step_held
 from memdoctor.diagnosis.in_batch import pair_bytes_at_once, pair_matrices
+from memdoctor.diagnosis.logits import find_logits
 from memdoctor.run import Block, Category, Phase, Run, backward_cut_short
 from memdoctor.units import format_bytes
 
@@ -22,7 +23,6 @@ ACT, TMP, INP = Category.ACTIVATIONS.value, Category.TEMPORARIES.value, Category
 OTHER = Category.OTHER.value
 STATE_PER_PARAM_BYTE = {"Adam": 2.0, "AdamW": 2.0, "NAdam": 2.0, "RAdam": 2.0, "Adamax": 2.0,
                         "Adagrad": 1.0, "RMSprop": 1.0, "Adadelta": 2.0, "Adafactor": 0.1}
-VOCAB_MIN = 8192        # a last dimension this large on a projection's output is a vocabulary
 PRESSURE = 0.8          # a peak this close to the limit is under pressure
 DATASET_ROWS = 4        # a dataset holds at least this many batches
 SLACK = 1.01            # an OOM message rounds each number to two decimals
@@ -298,7 +298,8 @@ def facts_from_run(run: Run) -> Facts:
     f.step_activations = max(sum(b.nbytes for b in f.focus_blocks      # training's: a pass never
                                  if b.category == ACT and b.step == current_step and b.phase != nob),  # back-propagated is not
                              f.pending_activations)
-    _find_logits(f)
+    f.vocab, f.logits = find_logits(f.focus_blocks, (f.requested_bytes or 0) if f.oom else 0,
+                                     f"{f.oom_module}.weight" if f.oom else None)
     f.in_batch_pairs = pair_matrices(run)
     if f.in_batch_pairs:
         f.in_batch_pair_bytes = pair_bytes_at_once(run, f.in_batch_pairs, current_step)
@@ -571,45 +572,3 @@ def _model_ran(f: Facts, run: Run) -> bool:
     focus = f.focus.seq if f.focus is not None else run.num_events
     return any(isinstance(c, dict) and c.get("params") and type(c.get("seq_start")) is int
                and c["seq_start"] <= focus for c in run.meta.get("forward_calls", []))
-
-
-SOFTMAXED_VOCAB_MIN = 1024      # a narrower head is a vocabulary where the loss or the OOM shows it is one
-LOGIT_ROWS = 256        # a shapeless block counts as logits from this many vocabulary rows
-
-
-def _find_logits(f: Facts) -> None:
-    """Outputs of a projection to a vocabulary: the last dim matches a large weight's rows."""
-    weights = [b for b in f.focus_blocks if b.category == W and len(b.shape) == 2]
-    consumed = {b.shape[1] for b in weights}      # a width some later layer reads is no vocabulary
-    softmaxed = {b.shape[-1] for b in f.focus_blocks if b.shape and "log_softmax" in b.name}   # a loss over it
-    softmaxed |= {b.shape[0] for b in weights if f.oom and b.name == f"{f.oom_module}.weight"}  # out in the head
-    request = (f.requested_bytes or 0) if f.oom else 0      # or out making a second tensor of a live one's
-    softmaxed |= {b.shape[-1] for b in f.focus_blocks if b.category != W and len(b.shape) >= 2 and request
-                  and _numel(b) >= b.shape[-1] * LOGIT_ROWS and request in (2 * _numel(b), 4 * _numel(b))}
-    vocab_dims = {r for r in (b.shape[0] for b in weights) if r not in consumed
-                  and (r >= VOCAB_MIN or r >= SOFTMAXED_VOCAB_MIN and r in softmaxed)}
-    if not vocab_dims:
-        return
-    f.vocab = max(vocab_dims)
-    # the head's weight cast to 16 bits by autocast: a shapeless block of half its size, no logits
-    casts = {2 * _numel(b) for b in weights if b.shape[0] in vocab_dims and b.dtype == "float32"}
-    f.logits = [b for b in f.focus_blocks if b.category not in (W, G, S) and b.name != WORKSPACE_NAME
-                and (len(b.shape) >= 2 and b.shape[-1] in vocab_dims
-                     or _vocabulary_sized(b, vocab_dims) and b.nbytes not in casts)]
-
-
-def _numel(b: Block) -> int:
-    n = 1
-    for d in b.shape:
-        n *= d
-    return n
-
-
-def _vocabulary_sized(b: Block, vocab_dims: set[int]) -> bool:
-    """A block with no shape (the CUDA allocator's history records none for most) whose size
-    is a whole number of rows over a vocabulary (in 16 bits, which any float dtype's row
-    divides), at least LOGIT_ROWS of them: a vocabulary of thousands of entries rarely
-    divides the size of any other tensor."""
-    if b.shape or b.nbytes <= 0:
-        return False
-    return any(b.nbytes % (2 * v) == 0 and b.nbytes >= 2 * v * LOGIT_ROWS for v in vocab_dims)

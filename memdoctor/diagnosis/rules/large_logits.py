@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from memdoctor.units import format_bytes
 from memdoctor.diagnosis.base import SPECIFIC_PART, Finding, Remedy, fits, plural
-from memdoctor.diagnosis.facts import LOGIT_ROWS, Facts, running_call
+from memdoctor.diagnosis.facts import Facts, running_call
+from memdoctor.diagnosis.logits import LOGIT_ROWS
 from memdoctor.attribution import peak
 from memdoctor.remedies.framework_terms import framework_of
 from memdoctor.run import Phase
