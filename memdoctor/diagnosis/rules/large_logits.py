@@ -9,7 +9,7 @@ Preconditions
     - a 2-D weight has at least 8192 rows that no other layer reads as its input width (an
       output projection, not a hidden layer); 1024 where the run shows them a vocabulary: a
       live log-softmax (a cross-entropy's) is over them, the OOM came in that projection, or
-      it came asking for a second tensor over the rows of a live one;
+      it came asking for a 16- or 32-bit copy of a whole live tensor over those rows;
     - live tensors whose last dimension is that row count (plus a failed request that a
       vocabulary row divides, of at least 256 rows: a forward under no_grad can run out
       asking for the logits themselves) take at least 30% of live memory.
@@ -26,7 +26,10 @@ Fix
     never back-propagated (an evaluation loop, under no_grad or not), evaluate a smaller
     batch at a time instead: training is untouched. When the run ran out in an evaluation
     before its first training step, the predicted peaks are that evaluation's, and the
-    finding says that the training step at the same batch was never measured.
+    finding says that the training step at the same batch was never measured. A loop of
+    the script's own binds each evaluation pass's output, alive through the next pass: the
+    smaller batch's peak counts the head's output once more (a framework's evaluation step
+    drops it as it returns).
 Known limits
     A vocabulary is recognised by its width only: a hidden layer 8192 wide that no other
     layer reads (a final embedding) looks the same.
