@@ -264,7 +264,8 @@ def label_forwards_without_backward(run: Run, ended_in_oom: bool) -> None:
     back-propagated before (a teacher left requiring grad) and those after a training pass
     still awaiting its backward (the target's features of a perceptual loss) do not count;
     those in eval mode do (the classic validation loop without no_grad), the one cut short
-    too, and so do those in training mode of a model no optimizer trains, on inputs needing
+    too (in training mode as well where `_predicting` says it predicts), and so do those in
+    training mode of a model no optimizer trains, on inputs needing
     no gradient (an `AveragedModel` predicting, left in training mode as torch's docs leave
     it). Where the OOM cut a backward short, the passes since the last optimizer step await
     it (`autograd.grad` may have run a backward of its own between: a gradient penalty).

@@ -9,7 +9,9 @@ Preconditions
       `grad_enabled` and whether the output has a grad_fn for each outermost call); a
       pass under `torch.no_grad()` or `inference_mode()` never counts;
     - backward never reached that output (a pass cut short by the OOM counts when its
-      module was in eval mode with grad on);
+      module was in eval mode with grad on, or in training mode when its line was never
+      back-propagated and its model was trained and stepped from another line before it:
+      a prediction loop after each training step);
     - the tensors saved for its backward (not its temporaries) are alive at the focus and
       take at least 15% of live memory;
     - passes are counted for models only (modules holding parameters): a per-sample
