@@ -4,6 +4,7 @@ import os
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,12 +69,16 @@ def test_a_size_argument_of_any_length_is_one_line(tmp_path):
         assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr
 
 
-def test_a_reader_that_stops_reading_gets_no_internal_error(tmp_path):
-    """`memdoctor explain | head -1`: the pipe closes under memdoctor's output; it stops quietly
-    with the shell's code for that (141), no "internal error"."""
-    proc = subprocess.Popen([sys.executable, "-m", "memdoctor", "explain"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=tmp_path)
+@pytest.mark.parametrize("argv", [["explain"], ["diagnose", "keep_losses.py", "--budget", "96MiB"]],
+                         ids=["explain", "diagnose-tables"])
+def test_a_reader_that_stops_reading_gets_no_internal_error(argv, tmp_path):
+    """`memdoctor explain | head -1`, `memdoctor diagnose ... | head`: the pipe closes under
+    memdoctor's output (plain lines, rich's tables); it stops quietly with the shell's code for
+    that (141), no "internal error"."""
+    examples = Path(__file__).parents[1] / "examples"
+    proc = subprocess.Popen([sys.executable, "-m", "memdoctor", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=examples if argv[0] == "diagnose" else tmp_path)
     proc.stdout.close()         # the reader is gone before memdoctor writes
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 141, err
     assert err.decode().strip() == ""

@@ -18,13 +18,20 @@ from memdoctor.units import format_bytes
 PIPE_WIDTH = 120      # a table's width when the output is no terminal (a log, a pipe, CI)
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader (`| head`) left: the CLI stops quietly with the shell's code for it (rich
+        would exit 1)."""
+        raise BrokenPipeError
+
+
 def terminal_console() -> Console:
     """A console on stdout; into a file or a pipe, PIPE_WIDTH columns wide (or $COLUMNS),
     so that tables keep readable columns instead of rich's 80."""
     if sys.stdout.isatty():
-        return Console()
+        return _Console()
     columns = os.environ.get("COLUMNS", "")
-    return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH)
+    return _Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH)
 
 
 def _cell(value) -> str:
