@@ -12,7 +12,7 @@ CUDA budget is its CPU budget plus what the GPU's traced peak adds to the CPU's 
 script traced on both, no budget: cuBLAS's and cuDNN's workspaces, the allocator's
 rounding, which do not grow with the cause), so it runs out about where it does on the
 CPU; then `memdoctor diagnose` runs it there under that budget. What the GPU adds differs by
-phase (a conv's backward takes cuDNN's workspace, autograd's thread its own cuBLAS one), so
+phase (autograd's thread takes its own cuBLAS workspace at its first backward), so
 a case can run out a step earlier than on the CPU, before its cause has grown (the row
 gives the step). Printed per case: the two peaks, the budget, where it ran out, the first
 finding (expected first) and its first remedy's predicted peak; each case is also appended
