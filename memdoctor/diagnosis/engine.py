@@ -72,9 +72,7 @@ def _add_pending_state(finding: Finding, facts: Facts) -> None:
     for remedy in finding.remedies:
         if remedy.predicted_peak_bytes is not None:
             remedy.predicted_peak_bytes += pending
-    predicted = [r.predicted_peak_bytes for r in finding.remedies if r.predicted_peak_bytes is not None]
-    if predicted:
-        finding.fits_after_fix = fits(facts, min(predicted))
+    _refit(finding, facts)
 
 
 def _add_forward_rest(finding: Finding, facts: Facts) -> None:
@@ -85,9 +83,7 @@ def _add_forward_rest(finding: Finding, facts: Facts) -> None:
     for remedy in finding.remedies:
         if remedy.predicted_peak_bytes is not None:
             remedy.predicted_peak_bytes += facts.forward_rest_bytes
-    predicted = [r.predicted_peak_bytes for r in finding.remedies if r.predicted_peak_bytes is not None]
-    if predicted:
-        finding.fits_after_fix = fits(facts, min(predicted))
+    _refit(finding, facts)
     if facts.forward_rest_note and facts.forward_rest_note not in finding.evidence:
         finding.evidence.append(facts.forward_rest_note)
 
@@ -124,6 +120,13 @@ def _rest_of_step_applies(finding: Finding, facts: Facts) -> bool:
     return facts.step_rest_bytes is not None and finding.rule in REST_OF_STEP_RULES
 
 
+def _refit(finding: Finding, facts: Facts) -> None:
+    """Whether the finding's best fix fits, once its fixes' predictions have changed."""
+    predicted = [r.predicted_peak_bytes for r in finding.remedies if r.predicted_peak_bytes is not None]
+    if predicted:
+        finding.fits_after_fix = fits(facts, min(predicted))
+
+
 def _fitting_first(finding: Finding, facts: Facts) -> None:
     """A finding's fixes predicted to fit come first, each group in the rule's own order
     (checkpointing a flat stack of single layers keeps each layer's input: micro-batches
@@ -151,8 +154,7 @@ def _one_prediction_per_plan(findings: list[Finding], facts: Facts) -> None:
             if r.plan in predicted_by and r.predicted_peak_bytes not in (None, predicted_by[r.plan]):
                 r.predicted_peak_bytes, changed = predicted_by[r.plan], True
         if changed:
-            finding.fits_after_fix = fits(facts, min(r.predicted_peak_bytes for r in finding.remedies
-                                                     if r.predicted_peak_bytes is not None))
+            _refit(finding, facts)
             _fitting_first(finding, facts)
 
 
